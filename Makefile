@@ -1,0 +1,62 @@
+# Two commands do everything:  `make lab` (open the course)  and  `make test` (run every check).
+# Both create .venv and install the course into it the first time.
+#
+#   make lab                 JupyterLab on notebooks/, opens a browser
+#   make lab-server          the same, headless (for a remote server): prints the URL to open
+#   make test                unit tests of course_lib + nbval over every lesson and solution notebook
+#   make notebook NB=notebooks/01_collectives.ipynb   nbval over one notebook
+#   make execute             re-execute and store every lesson and solution notebook (authors)
+#   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
+#
+# CPU-only machine?  make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# installs PyTorch's small CPU wheels instead of the default CUDA build from PyPI.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.course-installed
+TORCH_INDEX_URL ?=
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout=300
+NOTEBOOKS := notebooks solutions
+
+.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
+	  $(PY) -m pip install -c constraints.txt torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
+	$(PY) -m pip install -c constraints.txt -e ".[test]"
+	$(PY) -c "import torch, torchvision; print('torch', torch.__version__, '| torchvision', torchvision.__version__)"
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+lab-server: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip=127.0.0.1 --port=8888
+
+test: $(STAMP)
+	$(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL) -v
+
+unit: $(STAMP)
+	$(PY) -m pytest tests -v
+
+notebooks: $(STAMP)
+	$(PY) -m pytest $(NOTEBOOKS) $(NBVAL) -v
+
+notebook: $(STAMP)
+	$(PY) -m pytest $(NB) $(NBVAL) -v
+
+execute: $(STAMP)
+	$(PY) scripts/execute_notebooks.py $(NOTEBOOKS)
+
+exercises: $(STAMP)
+	$(PY) scripts/make_exercises.py
+
+bench: $(STAMP)
+	$(PY) scripts/bench_launch.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,12 @@
+"""course_lib: the small library the course's notebooks share.
+
+Each object says which chapter introduced it; the teaching itself lives in the notebooks.
+"""
+
+from .checks import CheckFailed, checking, expect, expect_close, expect_equal
+from .launch import LaunchError, WorkerError, WorkerTimeout, launch
+
+__all__ = [
+    "launch", "LaunchError", "WorkerError", "WorkerTimeout",
+    "CheckFailed", "checking", "expect", "expect_close", "expect_equal",
+]
