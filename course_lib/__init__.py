@@ -4,7 +4,7 @@ Each object says which chapter introduced it; the teaching itself lives in the n
 """
 
 from .checks import CheckFailed, checking, expect, expect_close, expect_equal
-from .launch import LaunchError, WorkerError, WorkerTimeout, launch
+from .launcher import LaunchError, WorkerError, WorkerTimeout, launch
 
 __all__ = [
     "launch", "LaunchError", "WorkerError", "WorkerTimeout",

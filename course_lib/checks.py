@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from .launch import WorkerError, WorkerTimeout
+from .launcher import WorkerError, WorkerTimeout
 
 __all__ = ["CheckFailed", "checking", "expect", "expect_close", "expect_equal"]
 

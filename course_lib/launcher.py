@@ -10,8 +10,9 @@ initialised (gloo on CPU, NCCL with one GPU per rank when there are enough GPUs)
 and the same environment variables ``torchrun`` sets, so ``fn`` runs unchanged
 under ``torchrun``. What the parent process does, in order:
 
-1. host a ``TCPStore`` on a port the operating system picks (so concurrent
-   launches never fight over a port), exactly as torchrun's agent does;
+1. reserve a free port the operating system picks and hold it for the whole
+   launch, so concurrent launches never fight over a port (rank 0 hosts the
+   rendezvous store on it, as with ``torchrun``);
 2. start the workers, by ``fork`` where that is safe, else by ``spawn`` with
    ``fn`` sent by value (cloudpickle), so functions defined in a notebook work;
 3. wait for each rank's result, a failing rank, a dead rank or the timeout;
@@ -48,6 +49,7 @@ __all__ = [
     "LaunchError",
     "WorkerError",
     "WorkerTimeout",
+    "UnsendableResult",
     "available_cpus",
     "threads_per_rank",
     "choose_backend",
@@ -55,6 +57,7 @@ __all__ = [
 
 _RESULT_OK = "ok"
 _RESULT_ERROR = "error"
+_RESULT_UNSENDABLE = "unsendable"
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # absent on Windows
 _LIVE_REFRESH_S = 0.5
 
@@ -80,6 +83,10 @@ class WorkerError(LaunchError):
             f"rank {rank} failed with {exc_type}: {message}\n"
             f"{remote_traceback.rstrip()}{stopped}"
         )
+
+
+class UnsendableResult(WorkerError, TypeError):
+    """A rank's return value could not be pickled back to the notebook."""
 
 
 class WorkerTimeout(LaunchError):
@@ -156,6 +163,20 @@ def _choose_start_method(requested):
     return "fork"
 
 
+def _reserve_port() -> socket.socket:
+    """Bind (without listening) to a port the OS picks, and keep it bound.
+
+    While this socket holds the port, the OS hands it to no other launch; rank 0's
+    store can still bind it because both sockets set SO_REUSEADDR and neither of
+    ours listens. (Hosting the store in this process instead would start a server
+    thread here, and forking beside a running thread can deadlock the child.)
+    """
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    return holder
+
+
 def _loopback_interface() -> str | None:
     try:
         names = [name for _, name in socket.if_nameindex()]
@@ -226,8 +247,6 @@ def _set_torchrun_environment(spec: _WorkerSpec) -> None:
         GROUP_RANK="0",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(spec.master_port),
-        # The parent hosts the store (as torchrun's agent does): every rank is a client.
-        TORCHELASTIC_USE_AGENT_STORE="True",
         OMP_NUM_THREADS=str(spec.threads),
     )
     loopback = _loopback_interface()
@@ -280,16 +299,9 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
     try:
         payload = cloudpickle.dumps(result)
     except Exception as exc:  # noqa: BLE001
-        _report(
-            result_conn,
-            (
-                _RESULT_ERROR,
-                "TypeError",
-                f"fn returned a {type(result).__name__} that cannot be sent back to the notebook "
-                f"({type(exc).__name__}: {exc}). Return plain Python values or tensors instead.",
-                "",
-            ),
-        )
+        reason = (f"fn returned a {type(result).__name__} that cannot be sent back to the notebook "
+                  f"({type(exc).__name__}: {exc}). Return plain Python values or tensors instead.")
+        _report(result_conn, (_RESULT_UNSENDABLE, "TypeError", reason, ""))
         os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -396,7 +408,7 @@ def _print_transcript(out_paths, err_paths, world_size) -> None:
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
-_HIDDEN_FRAMES = ("multiprocessing", os.path.join("course_lib", "launch.py"), "<frozen ", "threading.py")
+_HIDDEN_FRAMES = ("multiprocessing", os.path.join("course_lib", "launcher.py"), "<frozen ", "threading.py")
 
 
 def _parse_stack(text: str) -> list[str] | None:
@@ -509,16 +521,12 @@ def launch(
         threads = threads_per_rank(world_size)
     payload = _serialise_call(fn, args, kwargs)
 
-    from torch.distributed import TCPStore
-
     ctx = mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="course_launch_")
     out_paths = [os.path.join(workdir, f"rank{r}.out") for r in range(world_size)]
     err_paths = [os.path.join(workdir, f"rank{r}.err") for r in range(world_size)]
     stack_paths = [os.path.join(workdir, f"rank{r}.stack") for r in range(world_size)]
-    # Port 0: the operating system hands out a free port and the store holds it for the
-    # whole launch, so 30 learners launching at once on one server never collide.
-    store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout + 30), wait_for_workers=False)
+    port_holder = _reserve_port()  # 30 learners launching at once on one server never collide
     procs, result_conns, release_conns = [], [], []
     live_view = _LiveView(live and show_output)
     started = time.monotonic()
@@ -530,7 +538,7 @@ def launch(
             spec = _WorkerSpec(
                 rank=rank,
                 world_size=world_size,
-                master_port=store.port,
+                master_port=port_holder.getsockname()[1],
                 backend=backend,
                 payload=payload,
                 out_path=out_paths[rank],
@@ -565,12 +573,18 @@ def launch(
             conn.close()
         if show_output:
             _print_transcript(out_paths, err_paths, world_size)
-        del store
+        port_holder.close()
         for path in out_paths + err_paths + stack_paths:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
         with contextlib.suppress(OSError):
             os.rmdir(workdir)
+
+
+def _process_died(rank, proc, world_size) -> WorkerError:
+    proc.join(1)
+    reason = f"the worker process {_describe_exit(proc.exitcode)} before returning"
+    return WorkerError(rank, "ProcessDied", reason, "", world_size)
 
 
 def _wait_for_results(procs, result_conns, stack_paths, out_paths, timeout, started, live_view):
@@ -583,24 +597,21 @@ def _wait_for_results(procs, result_conns, stack_paths, out_paths, timeout, star
     while pending:
         watched = [result_conns[r] for r in pending] + [procs[r].sentinel for r in pending]
         for ready in wait_for_any(watched, timeout=0.1):
-            if isinstance(ready, int):  # a process sentinel: the worker exited
-                rank = sentinel_rank[ready]
-                if rank not in pending or result_conns[rank].poll():
-                    continue  # its message is waiting; read it first
-                procs[rank].join(1)
-                raise WorkerError(
-                    rank, "ProcessDied",
-                    f"the worker process {_describe_exit(procs[rank].exitcode)} before returning",
-                    "", world_size,
-                )
-            rank = conn_rank[id(ready)]
+            rank = sentinel_rank[ready] if isinstance(ready, int) else conn_rank[id(ready)]
+            if rank not in pending:
+                continue
+            if isinstance(ready, int):  # the process exited
+                if result_conns[rank].poll():
+                    continue  # a message (or end-of-pipe) is waiting: the pipe branch reads it
+                raise _process_died(rank, procs[rank], world_size)
             try:
-                message = pickle.loads(ready.recv_bytes())
-            except EOFError:
-                continue  # the sentinel branch reports the death
-            if message[0] == _RESULT_ERROR:
+                message = pickle.loads(result_conns[rank].recv_bytes())
+            except EOFError:  # the pipe closed with nothing in it: the process died
+                raise _process_died(rank, procs[rank], world_size) from None
+            if message[0] in (_RESULT_ERROR, _RESULT_UNSENDABLE):
+                error_class = UnsendableResult if message[0] == _RESULT_UNSENDABLE else WorkerError
                 _, exc_type, text, remote_tb = message
-                raise WorkerError(rank, exc_type, text, remote_tb, world_size)
+                raise error_class(rank, exc_type, text, remote_tb, world_size)
             results[rank] = cloudpickle.loads(message[1])
             pending.discard(rank)
         if pending and time.monotonic() > deadline:

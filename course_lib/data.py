@@ -1,0 +1,56 @@
+"""Small real datasets that work offline.
+
+Defined in chapter 03 (DDP), reused by every chapter that trains a model::
+
+    from course_lib.data import load_digits_tensors, split_train_test
+    X, y = load_digits_tensors()              # 1797 real 8x8 handwritten digits
+    X_train, y_train, X_test, y_test = split_train_test(X, y)
+
+``load_digits`` ships inside scikit-learn, so nothing is downloaded. MNIST is used
+only when its files are already on disk (``load_mnist_if_present``); download it once,
+while online, with ``torchvision.datasets.MNIST(root, download=True)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["load_digits_tensors", "split_train_test", "load_mnist_if_present"]
+
+
+def load_digits_tensors(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's handwritten digits: ``X`` of shape (1797, 64) scaled to [0, 1], ``y`` int64 labels 0-9."""
+    from sklearn.datasets import load_digits  # shipped with scikit-learn: no download
+
+    digits = load_digits()
+    X = torch.as_tensor(digits.data, dtype=dtype) / 16.0  # pixel values are 0..16
+    y = torch.as_tensor(digits.target, dtype=torch.int64)
+    return X, y
+
+
+def split_train_test(X: torch.Tensor, y: torch.Tensor, test_fraction: float = 0.2, seed: int = 0):
+    """A seeded random split: ``(X_train, y_train, X_test, y_test)``, the same on every machine."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
+    order = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))
+    n_test = round(len(X) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return X[train], y[train], X[test], y[test]
+
+
+def load_mnist_if_present(root, train: bool = True, dtype: torch.dtype = torch.float32):
+    """MNIST as ``(X, y)`` with ``X`` of shape (N, 784) scaled to [0, 1], or ``None`` if not on disk.
+
+    Never downloads (``download=False``): the course must run offline.
+    """
+    try:
+        from torchvision.datasets import MNIST
+    except ImportError:
+        return None
+    try:
+        mnist = MNIST(str(root), train=train, download=False)
+    except RuntimeError:  # "Dataset not found": the files are not under root
+        return None
+    X = mnist.data.reshape(len(mnist.data), -1).to(dtype) / 255.0
+    y = mnist.targets.to(torch.int64)
+    return X, y

@@ -1,0 +1,249 @@
+"""scripts/grade.py on a small class of synthetic submissions, with exact expected scores.
+
+The reference notebooks are tests/fixtures/solutions/ (three exercises on 2 processes with a
+3 s launch timeout, and one single-process exercise). One grading run covers every case; the
+tests below read its table, feedback files and process list.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "solutions"
+sys.path.insert(0, str(REPO / "scripts"))
+from make_exercises import make_exercise, read_notebook  # noqa: E402
+
+CELL_TIMEOUT = 8  # the fixture's checks give up after 3 s, well inside this
+COLLECTIVES, BASICS = "tiny_collectives.ipynb", "tiny_basics.ipynb"
+
+# Answers as a student would type them into the exercise's answer cells.
+CORRECT = {
+    "sum_over_ranks": "def sum_over_ranks():\n    value = torch.tensor([dist.get_rank() + 1.0])\n"
+                      "    dist.all_reduce(value)\n    return value",
+    "share_from_rank0": "def share_from_rank0():\n    tensor = torch.tensor([10.0 * dist.get_rank(), 1.0])\n"
+                        "    dist.broadcast(tensor, src=0)\n    return tensor",
+    "world_size_seen": "def world_size_seen():\n    return dist.get_world_size()",
+    "double": "def double(x):\n    return x + x",
+}
+WRONG_SUM = ("def sum_over_ranks():\n    value = torch.tensor([dist.get_rank() + 1.0])\n"
+             "    dist.all_reduce(value, op=dist.ReduceOp.MAX)\n    return value")
+# Passes the visible check (rank 1's tensor) but not the hidden one (rank 0's).
+SHARE_ONLY_RANK1 = ("def share_from_rank0():\n    tensor = torch.tensor([10.0 * dist.get_rank(), 1.0])\n"
+                    "    dist.broadcast(tensor, src=0)\n    return tensor if dist.get_rank() == 1 else tensor * 5")
+DEADLOCK = ("def sum_over_ranks():\n    value = torch.tensor([dist.get_rank() + 1.0])\n"
+            "    if dist.get_rank() == 0:\n        dist.all_reduce(value)  # rank 1 never joins\n    return value")
+INFINITE_LOOP_CELL = "while True:  # never ends\n    pass\n" + CORRECT["share_from_rank0"]
+UNINTERRUPTIBLE_LOOP_CELL = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                             "while True:\n    pass")
+
+# student -> {notebook: expected points}; max is 6 (2 + 3 + 1) and 1.
+EXPECTED = {
+    "alice": {COLLECTIVES: 6, BASICS: 1},     # everything right
+    "bob": {COLLECTIVES: 0, BASICS: 0},       # handed back the untouched exercise; basics missing
+    "carol": {COLLECTIVES: 4, BASICS: 0},     # wrong sum, broadcast and size right; basics missing
+    "dave": {COLLECTIVES: 1, BASICS: 0},      # deadlock, infinite loop, then a right answer
+    "erin": {COLLECTIVES: 3, BASICS: 0},      # edited one check to `pass`, deleted another
+    "frank": {COLLECTIVES: 0, BASICS: 1},     # collectives "notebook" is not a notebook
+    "grace": {COLLECTIVES: 1, BASICS: 0},     # visible check passes, hidden fails; kernel hang
+}
+MAX = {COLLECTIVES: 6, BASICS: 1}
+
+
+def exercise(name: str) -> nbformat.NotebookNode:
+    return make_exercise(read_notebook(FIXTURES / name))
+
+
+def answered(name: str, answers: dict[str, str]) -> nbformat.NotebookNode:
+    """The exercise notebook with some answer cells filled in, as a student hands it in."""
+    notebook = exercise(name)
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return notebook
+
+
+def cell_with_id(notebook, grade_id):
+    return next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def write(folder: Path, student: str, name: str, notebook) -> None:
+    (folder / student).mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, folder / student / name)
+
+
+def make_class(folder: Path) -> None:
+    write(folder, "alice", COLLECTIVES, answered(COLLECTIVES, CORRECT))
+    write(folder, "alice", BASICS, answered(BASICS, CORRECT))
+
+    write(folder, "bob", COLLECTIVES, exercise(COLLECTIVES))
+
+    write(folder, "carol", COLLECTIVES, answered(COLLECTIVES, {**CORRECT, "sum_over_ranks": WRONG_SUM}))
+    (folder / "carol" / "scratch.ipynb").write_text("{}")  # not an exercise: ignored
+
+    write(folder, "dave", COLLECTIVES, answered(COLLECTIVES, {
+        **CORRECT, "sum_over_ranks": DEADLOCK, "share_from_rank0": INFINITE_LOOP_CELL}))
+
+    erin = answered(COLLECTIVES, {**CORRECT, "sum_over_ranks": WRONG_SUM})
+    cell_with_id(erin, "check_sum_over_ranks").source = "pass"  # edited check: still graded
+    erin.cells.remove(cell_with_id(erin, "check_share_from_rank0"))  # deleted check: still graded
+    erin.cells.remove(cell_with_id(erin, "world_size_seen"))  # deleted answer: graded as the stub
+    write(folder, "erin", COLLECTIVES, erin)
+    basics = answered(BASICS, CORRECT)
+    cell_with_id(basics, "check_double").source = "# NBVAL_SKIP\npass"
+    basics.cells.remove(cell_with_id(basics, "double"))
+    write(folder, "erin", BASICS, basics)
+
+    (folder / "frank").mkdir()
+    (folder / "frank" / COLLECTIVES).write_text("this is not a notebook\n")
+    write(folder, "frank", BASICS, answered(BASICS, CORRECT))
+
+    grace = answered(COLLECTIVES, {**CORRECT, "share_from_rank0": SHARE_ONLY_RANK1,
+                                   "sum_over_ranks": UNINTERRUPTIBLE_LOOP_CELL})
+    write(folder, "grace", COLLECTIVES, grace)
+    (folder / "grace" / BASICS).write_text('{"cells": "no", "nbformat": 4}')  # JSON, wrong format
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("submissions")
+    make_class(folder)
+    exercises = tmp_path_factory.mktemp("exercises")
+    for name in (COLLECTIVES, BASICS):
+        nbformat.write(exercise(name), exercises / name)
+    token = uuid.uuid4().hex
+    env = dict(os.environ, COURSE_GRADING_TEST_TOKEN=token)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--solutions", str(FIXTURES),
+         "--exercises", str(exercises), "--cell-timeout", str(CELL_TIMEOUT), "--jobs", "4"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    seconds = time.monotonic() - started
+    print(proc.stdout, proc.stderr, f"graded in {seconds:.1f} s", sep="\n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return folder, proc.stdout, token
+
+
+def read_grades(folder: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
+    with open(folder / "grades.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    header = rows[0]
+    return header, {row[0]: dict(zip(header, row)) for row in rows[1:]}
+
+
+def test_csv_header_and_exact_scores(graded):
+    folder, _, _ = graded
+    header, rows = read_grades(folder)
+    assert header == ["student", "tiny_basics", "tiny_collectives", "total", "max", "percent"]
+    assert sorted(rows) == sorted(EXPECTED)
+    for student, expected in EXPECTED.items():
+        row = rows[student]
+        got = {COLLECTIVES: float(row["tiny_collectives"]), BASICS: float(row["tiny_basics"])}
+        assert got == expected, f"{student}: {row}"
+        total = sum(expected.values())
+        assert float(row["total"]) == total and float(row["max"]) == 7
+        assert row["percent"] == f"{100 * total / 7:.1f}"
+
+
+def test_table_printed(graded):
+    _, stdout, _ = graded
+    table = stdout[stdout.index("student"):]
+    assert "tiny_collectives" in table and "percent" in table
+    assert any(line.split()[:1] == ["alice"] and line.split()[-2:] == ["7", "100.0"] for line in table.splitlines())
+
+
+def feedback(folder: Path, student: str) -> str:
+    return (folder / student / "feedback.txt").read_text()
+
+
+def test_feedback_says_what_passed_and_why_not(graded):
+    folder, _, _ = graded
+    alice = feedback(folder, "alice")
+    assert "7 of 7 points" in alice and "FAILED" not in alice
+    assert "[2/2] sum over 2 ranks: passed" in alice
+
+    bob = feedback(folder, "bob")
+    assert "not implemented yet" in bob and "0 of 7 points" in bob
+
+    carol = feedback(folder, "carol")
+    assert "[0/2] sum over 2 ranks: FAILED" in carol and "rank 0's result" in carol
+    assert "missing: no tiny_basics.ipynb" in carol
+    assert "Not graded: scratch.ipynb" in carol
+
+    dave = feedback(folder, "dave")
+    assert "did not finish in time" in dave  # the deadlock, caught by the launch timeout
+    assert f"ran longer than {CELL_TIMEOUT} s" in dave  # the infinite loop, stopped by nbval
+
+    erin = feedback(folder, "erin")
+    assert "answer cell 'world_size_seen' was not found" in erin
+
+    frank = feedback(folder, "frank")
+    assert "not a notebook" in frank
+
+    grace = feedback(folder, "grace")
+    assert "could not be interrupted" in grace
+    assert "tiny_basics.ipynb: 0 of 1 points" in grace and "no list of cells" in grace
+
+
+def test_feedback_never_shows_hidden_test_source(graded):
+    folder, _, _ = graded
+    hidden_source = ["hidden_probe_rank1", "BEGIN HIDDEN", "expect_close(results[0]", "double(torch.tensor([-1.5]))"]
+    for student in EXPECTED:
+        text = feedback(folder, student)
+        assert "Traceback" not in text and "\x1b[" not in text, student
+        for secret in hidden_source:
+            assert secret not in text, (student, secret)
+    # A hidden check's message (written for students) is shown.
+    assert "rank 0's result" in feedback(folder, "grace")
+
+
+def test_no_process_left_behind(graded):
+    _, _, token = graded
+    time.sleep(0.5)
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.environ().get("COURSE_GRADING_TEST_TOKEN") == token:
+                left.append(proc.info)
+        except (psutil.Error, OSError):
+            continue
+    assert left == []
+
+
+def test_invalid_arguments_fail_cleanly(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(tmp_path / "nope")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "not a folder" in proc.stderr
+
+
+def test_merge_takes_answers_by_grade_id_and_checks_from_reference():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import grade
+
+    reference = grade.load_reference(FIXTURES / COLLECTIVES)
+    assert [c.points for c in reference.checks] == [2, 3, 1]
+    assert [c.label for c in reference.checks] == ["sum over 2 ranks", "broadcast from rank 0", "world size"]
+    submission = answered(COLLECTIVES, {"sum_over_ranks": "# NBVAL_SKIP\nmine = 1"})
+    cell_with_id(submission, "check_sum_over_ranks").source = "pass"
+    merged, notes = grade.merge(reference, grade.student_answers(submission))
+    sources = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in merged.cells}
+    assert sources["sum_over_ranks"] == "mine = 1"  # nbval markers removed from answers
+    assert "BEGIN HIDDEN TESTS" in sources["check_sum_over_ranks"]
+    assert notes == []
+    assert all(c.execution_count is not None and c.outputs == [] for c in merged.cells if c.cell_type == "code")
+    original = copy.deepcopy(reference.notebook)
+    grade.merge(reference, {})
+    assert reference.notebook == original  # merging never changes the reference

@@ -1,0 +1,315 @@
+"""Tests of course_lib.launch: every behaviour chapter 00 promises the learner."""
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import WorkerError, WorkerTimeout, launch
+from course_lib import launcher as launch_module
+from course_lib.launcher import UnsendableResult, threads_per_rank
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+# ---------------------------------------------------------------- helpers
+def wait_until(condition, timeout=10.0, every=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every)
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def read_pids(folder: Path) -> list[int]:
+    return [int(p.read_text()) for p in folder.glob("*.pid") if p.read_text().strip()]
+
+
+def write_pid_then_sleep(folder):
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+# ---------------------------------------------------------------- results and environment
+def report_environment():
+    tensor = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(tensor)
+    return {
+        "env": {name: os.environ[name] for name in TORCHRUN_VARIABLES},
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "sum": tensor.item(),
+        "threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+    }
+
+
+def test_results_come_back_in_rank_order_with_torchrun_environment():
+    results = launch(report_environment, world_size=4, timeout=60)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["sum"] == 10.0 and r["world"] == 4 and r["backend"] == "gloo" for r in results)
+    for rank, r in enumerate(results):
+        env = r["env"]
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "4"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+    assert len({r["pid"] for r in results}) == 4 and os.getpid() not in {r["pid"] for r in results}
+    assert not any(alive(r["pid"]) for r in results)
+
+
+def test_threads_per_rank_do_not_oversubscribe_the_cores():
+    results = launch(report_environment, world_size=2, timeout=60)
+    assert [r["threads"] for r in results] == [threads_per_rank(2)] * 2
+    assert threads_per_rank(2) * 2 <= max(2, os.cpu_count())
+    assert launch(report_environment, world_size=1, threads=1, timeout=60)[0]["threads"] == 1
+
+
+def add_args(a, b, scale=1):
+    return (a + b) * scale * (dist.get_rank() + 1)
+
+
+def test_args_and_kwargs_reach_every_rank():
+    assert launch(add_args, 3, args=(torch.ones(2), 1), kwargs={"scale": 2}, timeout=60)[2].tolist() == [12.0, 12.0]
+
+
+def initialise_it_myself():
+    assert not dist.is_initialized(), "the launcher should have left the process group to me"
+    dist.init_process_group("gloo", init_method="env://")
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    dist.destroy_process_group()
+    return tensor.item()
+
+
+def test_init_process_group_can_be_left_to_fn():
+    assert launch(initialise_it_myself, 3, init_process_group=False, timeout=60) == [3.0, 3.0, 3.0]
+
+
+# ---------------------------------------------------------------- output
+def print_with_delays():
+    time.sleep(0.3 * (dist.get_world_size() - dist.get_rank()))  # rank 0 prints last
+    print(f"hello from {dist.get_rank()}")
+    print("second line")
+    print(f"warning from {dist.get_rank()}", file=sys.stderr)
+
+
+def test_output_is_prefixed_and_in_rank_order(capsys):
+    launch(print_with_delays, 3, timeout=60)
+    out, err = capsys.readouterr()
+    assert out == "".join(f"[rank {r}] hello from {r}\n[rank {r}] second line\n" for r in range(3))
+    assert err == "".join(f"[rank {r}] warning from {r}\n" for r in range(3))
+
+
+def test_output_can_be_silenced(capsys):
+    launch(print_with_delays, 2, timeout=60, show_output=False)
+    assert capsys.readouterr() == ("", "")
+
+
+# ---------------------------------------------------------------- failures
+def rank_one_raises(folder):
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        raise ValueError("rank 1 cannot continue")
+    time.sleep(120)
+
+
+def test_failing_rank_is_reported_fast_and_the_others_stopped(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        launch(rank_one_raises, 4, args=(str(tmp_path),), timeout=60)
+    assert time.monotonic() - started < 0.5 + 2.0
+    error = info.value
+    assert error.rank == 1 and error.exc_type == "ValueError"
+    assert "rank 1 failed with ValueError: rank 1 cannot continue" in str(error)
+    assert 'raise ValueError("rank 1 cannot continue")' in error.remote_traceback
+    assert "course_lib" not in error.remote_traceback  # only the learner's frames
+    assert "The other 3 ranks were stopped." in str(error)
+    pids = read_pids(tmp_path)
+    assert len(pids) == 4 and not any(alive(pid) for pid in pids)
+
+
+def exit_without_reporting():
+    if dist.get_rank() == 0:
+        os._exit(3)
+    time.sleep(120)
+
+
+def test_a_rank_that_dies_is_reported():
+    with pytest.raises(WorkerError, match="rank 0 failed with ProcessDied: .*exited with code 3"):
+        launch(exit_without_reporting, 2, timeout=60)
+
+
+def only_rank_zero_reduces(folder):
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins: a deadlock
+    return "done"
+
+
+def test_hang_reports_every_rank_stack_within_the_timeout(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout) as info:
+        launch(only_rank_zero_reduces, 2, args=(str(tmp_path),), timeout=2)
+    assert time.monotonic() - started < 2 + 4
+    message = str(info.value)
+    assert info.value.finished == {1}
+    assert "rank 1: finished fn, waiting for the other ranks" in message
+    rank0 = info.value.stacks[0]
+    assert "in only_rank_zero_reduces" in rank0[0] and rank0[-1].endswith("in all_reduce")
+    pids = read_pids(tmp_path)
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+
+
+def start_grandchild_then_fail(folder):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(child.pid))
+    time.sleep(0.5)
+    raise RuntimeError("leaving a child behind")
+
+
+def test_workers_own_children_are_stopped_too(tmp_path):
+    with pytest.raises(WorkerError):
+        launch(start_grandchild_then_fail, 2, args=(str(tmp_path),), timeout=60)
+    pids = read_pids(tmp_path)
+    assert len(pids) == 2
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=5)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("world_size, error", [(0, ValueError), (-2, ValueError), (2.0, TypeError),
+                                               (True, TypeError), ("4", TypeError)])
+def test_bad_world_size(world_size, error):
+    with pytest.raises(error, match="world_size"):
+        launch(report_environment, world_size)
+
+
+def test_bad_function_args_and_timeout():
+    with pytest.raises(TypeError, match="fn must be a function"):
+        launch("not a function", 2)
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        launch(add_args, 2, args=5)
+    with pytest.raises(ValueError, match="timeout"):
+        launch(add_args, 2, args=(1, 2), timeout=0)
+    with pytest.raises(ValueError, match="start_method"):
+        launch(add_args, 2, args=(1, 2), start_method="forkserver-please")
+
+
+def test_arguments_that_cannot_be_sent():
+    with pytest.raises(TypeError, match="cannot be sent to the worker processes.*lock"):
+        launch(add_args, 2, args=(threading.Lock(), 1))
+
+
+def return_a_lock():
+    return threading.Lock()
+
+
+def test_return_value_that_cannot_be_sent_back():
+    with pytest.raises(UnsendableResult, match="cannot be sent back") as info:
+        launch(return_a_lock, 2, timeout=60)
+    assert isinstance(info.value, TypeError)
+
+
+def test_cuda_initialised_before_fork(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(ValueError, match="CUDA is already initialised.*start_method='spawn'"):
+        launch(add_args, 2, args=(1, 2), start_method="fork")
+    assert launch_module._choose_start_method(None) == "spawn"  # automatic choice avoids fork
+
+
+# ---------------------------------------------------------------- spawn
+def test_spawn_sends_a_closure_by_value():
+    offset = torch.tensor([10.0])
+
+    def closure():  # a local function: plain pickle (and mp.spawn) cannot send it
+        tensor = offset + dist.get_rank()
+        dist.all_reduce(tensor)
+        return tensor.item()
+
+    assert launch(closure, 2, start_method="spawn", timeout=120) == [21.0, 21.0]
+
+
+# ---------------------------------------------------------------- many launches at once
+def one_learner(start_barrier, results):
+    start_barrier.wait()
+    try:
+        results.put(launch(report_environment, 2, timeout=120, show_output=False)[0]["sum"])
+    except Exception as exc:  # noqa: BLE001 - report to the test
+        results.put(repr(exc))
+
+
+def test_sixteen_simultaneous_launches_all_succeed():
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(16), ctx.Queue()
+    learners = [ctx.Process(target=one_learner, args=(barrier, results)) for _ in range(16)]
+    for learner in learners:
+        learner.start()
+    outcomes = [results.get(timeout=180) for _ in learners]
+    for learner in learners:
+        learner.join(30)
+    assert outcomes == [3.0] * 16
+
+
+# ---------------------------------------------------------------- interrupts and dead parents
+PARENT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import torch.distributed as dist
+    from course_lib import launch
+
+    def sleeper(folder):
+        Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+        time.sleep(120)
+
+    try:
+        launch(sleeper, 3, args=(sys.argv[1],), timeout=300)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(7)
+    """
+)
+
+
+def start_parent(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_SCRIPT)
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    parent = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True)
+    assert wait_until(lambda: len(read_pids(folder)) == 3, timeout=60), "workers did not start"
+    return parent, read_pids(folder)
+
+
+def test_keyboard_interrupt_stops_every_worker(tmp_path):
+    parent, pids = start_parent(tmp_path)
+    parent.send_signal(signal.SIGINT)
+    assert parent.wait(timeout=20) == 7 and "interrupted" in parent.stdout.read()
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_workers_die_with_their_parent(tmp_path):
+    parent, pids = start_parent(tmp_path)
+    parent.kill()  # SIGKILL: no chance to clean up
+    parent.wait(timeout=20)
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=5)
