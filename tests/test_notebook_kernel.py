@@ -1,0 +1,74 @@
+"""The launcher from inside a real Jupyter kernel, as a learner uses it."""
+
+import time
+
+import nbformat
+import psutil
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+
+CELL_FUNCTION = """\
+import os, torch, torch.distributed as dist
+from course_lib import launch
+
+def rank_sum(scale):            # defined in a cell: a plain mp.spawn could not find it
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    print("sum", t.item())
+    return t.item() * scale
+
+launch(rank_sum, 4, args=(2,))
+"""
+
+
+def test_function_defined_in_a_cell_runs_on_real_workers():
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL_FUNCTION)])
+    NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    outputs = notebook.cells[0].outputs
+    streams = [o for o in outputs if o.output_type == "stream"]
+    assert [o.name for o in streams] == ["stdout"]
+    assert streams[0].text == "".join(f"[rank {r}] sum 6.0\n" for r in range(4))
+    assert outputs[-1].data["text/plain"] == "[12.0, 12.0, 12.0, 12.0]"
+    live = [o for o in outputs if o.output_type == "display_data"]
+    assert all(o.data["text/plain"] == "" for o in live)  # the live view is emptied at the end
+
+
+SLEEPERS = """\
+import os, time
+import torch.distributed as dist
+from course_lib import launch
+
+def sleeper():
+    print(os.getpid(), flush=True)
+    time.sleep(120)
+
+launch(sleeper, 3, timeout=300)
+"""
+
+
+def worker_pids(kernel_pid):
+    return [p.pid for p in psutil.Process(kernel_pid).children(recursive=True)]
+
+
+def test_kernel_interrupt_stops_every_worker():
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        kernel_pid = manager.provisioner.process.pid
+        msg_id = client.execute(SLEEPERS)
+        deadline = time.monotonic() + 60
+        while len(worker_pids(kernel_pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = worker_pids(kernel_pid)
+        assert len(pids) >= 3, "workers did not start"
+        time.sleep(0.5)
+        manager.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = client.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        gone = lambda pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # noqa: E731
+        assert all(gone(pid) for pid in pids)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)

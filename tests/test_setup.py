@@ -1,0 +1,57 @@
+"""The course's set-up files agree with each other and with what is installed."""
+
+import re
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pyproject_requirements() -> set[str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = [req for group in project["optional-dependencies"].values() for req in group]
+    return {str(Requirement(req)) for req in project["dependencies"] + extras}
+
+
+def environment_yml_requirements() -> set[str]:
+    lines = (REPO / "environment.yml").read_text().splitlines()
+    start = lines.index("  - pip:") + 1
+    pip_lines = [line.strip()[2:] for line in lines[start:] if re.match(r"^\s{6}- ", line)]
+    return {str(Requirement(req)) for req in pip_lines if not req.startswith("-e")}
+
+
+def test_environment_yml_and_pyproject_list_the_same_packages():
+    in_pyproject, in_conda = pyproject_requirements(), environment_yml_requirements()
+    assert in_pyproject == in_conda, (
+        f"only in pyproject.toml: {sorted(in_pyproject - in_conda)}; "
+        f"only in environment.yml: {sorted(in_conda - in_pyproject)}"
+    )
+
+
+def test_pinned_versions_satisfy_the_supported_ranges_and_are_installed():
+    ranges = {Requirement(r).name: Requirement(r).specifier for r in pyproject_requirements()}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            pin = Requirement(line)
+            pinned = Version(str(next(iter(pin.specifier)).version))
+            assert pinned in ranges[pin.name], f"{line} is outside pyproject's {ranges[pin.name]}"
+            assert Version(version(pin.name)).release == pinned.release, f"installed {pin.name} differs from {line}"
+
+
+def test_torch_and_torchvision_import_together():
+    import torch
+    import torchvision
+    from torchvision.ops import nms  # fails when torchvision was built for another torch
+
+    boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.9]])
+    assert nms(boxes, torch.tensor([0.9, 0.8]), 0.5).tolist() == [0]
+    assert torchvision.__version__
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+    assert "make test" in (REPO / "README.md").read_text()
