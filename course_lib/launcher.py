@@ -96,18 +96,16 @@ class WorkerTimeout(LaunchError):
         self.timeout = timeout
         self.stacks = stacks
         self.finished = finished
-        lines = [
-            f"timed out after {timeout:g} s: {len(finished)} of {world_size} ranks finished. "
-            "A rank that waits in a collective the others never join waits forever; "
-            "here is where each rank was:"
-        ]
+        lines = [f"timed out after {timeout:g} s with {len(finished)} of {world_size} ranks finished. "
+                 "Where each rank was:"]
         for rank in range(world_size):
             if rank in finished:
                 lines.append(f"rank {rank}: finished fn, waiting for the other ranks")
             else:
                 lines.append(f"rank {rank} was in:")
                 lines.extend(f"    {frame}" for frame in stacks.get(rank, ["(no stack available)"]))
-        lines.append("All ranks were stopped.")
+        lines.append("All ranks were stopped. A rank inside a collective that another rank never calls "
+                     "(or calls in another order, or with another shape) waits forever.")
         super().__init__("\n".join(lines))
 
 
@@ -415,18 +413,17 @@ def _parse_stack(text: str) -> list[str] | None:
     """Turn a faulthandler dump into the main thread's frames, outermost first."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text)
     for block in blocks:
-        if "_call_user_function" not in block:
+        if "_worker_main" not in block:
             continue  # not the main thread (e.g. the parent watchdog)
-        frames = []
-        for line in block.splitlines():
-            match = _FRAME.match(line)
-            if match:
-                frames.append(match)
+        frames = [match for match in map(_FRAME.match, block.splitlines()) if match]
         frames.reverse()
-        # Keep only what runs inside fn: a forked worker's stack still shows the
-        # parent's frames (the notebook cell that called launch) below ours.
-        entry = [i for i, frame in enumerate(frames) if frame["func"] == "_call_user_function"]
-        frames = frames[entry[-1] + 1:] if entry else frames
+        # Keep only what runs inside fn (or, before fn starts, inside init_process_group):
+        # a forked worker's stack still shows the parent's frames below ours.
+        for entry_point in ("_call_user_function", "_worker_main"):
+            entry = [i for i, frame in enumerate(frames) if frame["func"] == entry_point]
+            if entry:
+                frames = frames[entry[-1] + 1:]
+                break
         shown = []
         for frame in frames:
             path = frame["file"]
@@ -441,7 +438,7 @@ def _parse_stack(text: str) -> list[str] | None:
     return None
 
 
-def _collect_stacks(procs, pending, stack_paths, wait_s=2.0) -> dict[int, list[str]]:
+def _collect_stacks(procs, pending, stack_paths, wait_s=5.0) -> dict[int, list[str]]:
     if _STACK_SIGNAL is None:
         return {}
     for rank in pending:

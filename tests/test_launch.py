@@ -313,3 +313,25 @@ def test_workers_die_with_their_parent(tmp_path):
     parent.kill()  # SIGKILL: no chance to clean up
     parent.wait(timeout=20)
     assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=5)
+
+
+# ---------------------------------------------------------------- the same function under torchrun
+def sum_of_ranks(scale):
+    tensor = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(tensor)
+    return tensor.item() * scale
+
+
+def test_the_same_function_runs_under_torchrun(tmp_path):
+    from course_lib.torchrun_script import write_torchrun_script
+
+    assert launch(sum_of_ranks, 2, args=(10,), timeout=60) == [10.0, 10.0]
+    script = write_torchrun_script(sum_of_ranks, tmp_path / "sum_of_ranks.py", args=(10,))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)],
+                         capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert sorted(line for line in run.stdout.splitlines() if "returned" in line) == [
+        "[rank 0] returned 10.0", "[rank 1] returned 10.0"]
+    with pytest.raises(TypeError, match="literals"):
+        write_torchrun_script(sum_of_ranks, tmp_path / "x.py", args=(threading.Lock(),))
