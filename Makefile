@@ -29,6 +29,11 @@ $(STAMP): pyproject.toml constraints.txt
 	  $(PY) -m pip install -c constraints.txt torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
 	$(PY) -m pip install -c constraints.txt -e ".[test]"
 	$(PY) -c "import torch, torchvision; print('torch', torch.__version__, '| torchvision', torchvision.__version__)"
+	@# nbgrader is here only for its notebook preprocessors (exercises, grading): keep its
+	@# course-management menus and server extensions out of the learners' JupyterLab.
+	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1 || true
+	for ext in formgrader validate_assignment assignment_list course_list; do \
+	  $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || true; done
 	@touch $(STAMP)
 
 lab: $(STAMP)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from nbclient import NotebookClient
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "solutions"
 sys.path.insert(0, str(REPO / "scripts"))
+import make_exercises  # noqa: E402
 from make_exercises import STUB, generate, make_exercise, read_notebook, stale_files  # noqa: E402
 
 
@@ -75,11 +75,10 @@ def test_stale_missing_and_orphan_exercises_are_reported(tmp_path):
     assert re.search(r"orphan\.ipynb: no solution notebook", problems)
     assert re.search(r"tiny_collectives\.ipynb: missing", problems)
 
-    script = [sys.executable, str(REPO / "scripts" / "make_exercises.py"),
-              "--solutions", str(solutions), "--exercises", str(exercises)]
-    assert subprocess.run(script + ["--check"], capture_output=True).returncode == 1
-    subprocess.run(script, check=True, capture_output=True)  # a full run also removes the orphan
-    assert subprocess.run(script + ["--check"], capture_output=True).returncode == 0
+    dirs = ["--solutions", str(solutions), "--exercises", str(exercises)]
+    assert make_exercises.main([*dirs, "--check"]) == 1
+    assert make_exercises.main(dirs) == 0  # a full run also removes the orphan
+    assert make_exercises.main([*dirs, "--check"]) == 0
     assert sorted(p.name for p in exercises.iterdir()) == ["tiny_basics.ipynb", "tiny_collectives.ipynb"]
 
 

@@ -1,7 +1,7 @@
 """scripts/grade.py on a small class of synthetic submissions, with exact expected scores.
 
 The reference notebooks are tests/fixtures/solutions/ (three exercises on 2 processes with a
-3 s launch timeout, and one single-process exercise). One grading run covers every case; the
+5 s launch timeout, and one single-process exercise). One grading run covers every case; the
 tests below read its table, feedback files and process list.
 """
 
@@ -25,7 +25,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "solutions"
 sys.path.insert(0, str(REPO / "scripts"))
 from make_exercises import make_exercise, read_notebook  # noqa: E402
 
-CELL_TIMEOUT = 8  # the fixture's checks give up after 3 s, well inside this
+CELL_TIMEOUT = 12  # the fixture's checks give up after 5 s, well inside this
 COLLECTIVES, BASICS = "tiny_collectives.ipynb", "tiny_basics.ipynb"
 
 # Answers as a student would type them into the exercise's answer cells.
@@ -52,10 +52,9 @@ UNINTERRUPTIBLE_LOOP_CELL = ("import signal\nsignal.signal(signal.SIGINT, signal
 EXPECTED = {
     "alice": {COLLECTIVES: 6, BASICS: 1},     # everything right
     "bob": {COLLECTIVES: 0, BASICS: 0},       # handed back the untouched exercise; basics missing
-    "carol": {COLLECTIVES: 4, BASICS: 0},     # wrong sum, broadcast and size right; basics missing
     "dave": {COLLECTIVES: 1, BASICS: 0},      # deadlock, infinite loop, then a right answer
-    "erin": {COLLECTIVES: 3, BASICS: 0},      # edited one check to `pass`, deleted another
-    "frank": {COLLECTIVES: 0, BASICS: 1},     # collectives "notebook" is not a notebook
+    "erin": {COLLECTIVES: 3, BASICS: 0},      # wrong sum with its check edited to `pass`, deleted a check
+    "frank": {COLLECTIVES: 0, BASICS: 0},     # collectives "notebook" is not a notebook; basics missing
     "grace": {COLLECTIVES: 1, BASICS: 0},     # visible check passes, hidden fails; kernel hang
 }
 MAX = {COLLECTIVES: 6, BASICS: 1}
@@ -89,9 +88,7 @@ def make_class(folder: Path) -> None:
     write(folder, "alice", BASICS, answered(BASICS, CORRECT))
 
     write(folder, "bob", COLLECTIVES, exercise(COLLECTIVES))
-
-    write(folder, "carol", COLLECTIVES, answered(COLLECTIVES, {**CORRECT, "sum_over_ranks": WRONG_SUM}))
-    (folder / "carol" / "scratch.ipynb").write_text("{}")  # not an exercise: ignored
+    (folder / "bob" / "scratch.ipynb").write_text("{}")  # not an exercise: ignored
 
     write(folder, "dave", COLLECTIVES, answered(COLLECTIVES, {
         **CORRECT, "sum_over_ranks": DEADLOCK, "share_from_rank0": INFINITE_LOOP_CELL}))
@@ -108,7 +105,6 @@ def make_class(folder: Path) -> None:
 
     (folder / "frank").mkdir()
     (folder / "frank" / COLLECTIVES).write_text("this is not a notebook\n")
-    write(folder, "frank", BASICS, answered(BASICS, CORRECT))
 
     grace = answered(COLLECTIVES, {**CORRECT, "share_from_rank0": SHARE_ONLY_RANK1,
                                    "sum_over_ranks": UNINTERRUPTIBLE_LOOP_CELL})
@@ -153,9 +149,9 @@ def test_csv_header_and_exact_scores(graded):
         row = rows[student]
         got = {COLLECTIVES: float(row["tiny_collectives"]), BASICS: float(row["tiny_basics"])}
         assert got == expected, f"{student}: {row}"
-        total = sum(expected.values())
-        assert float(row["total"]) == total and float(row["max"]) == 7
-        assert row["percent"] == f"{100 * total / 7:.1f}"
+        total, possible = sum(expected.values()), sum(MAX.values())
+        assert float(row["total"]) == total and float(row["max"]) == possible == 7
+        assert row["percent"] == f"{100 * total / possible:.1f}"
 
 
 def test_table_printed(graded):
@@ -178,23 +174,23 @@ def test_feedback_says_what_passed_and_why_not(graded):
     bob = feedback(folder, "bob")
     assert "not implemented yet" in bob and "0 of 7 points" in bob
 
-    carol = feedback(folder, "carol")
-    assert "[0/2] sum over 2 ranks: FAILED" in carol and "rank 0's result" in carol
-    assert "missing: no tiny_basics.ipynb" in carol
-    assert "Not graded: scratch.ipynb" in carol
+    assert "missing: no tiny_basics.ipynb" in bob
+    assert "Not graded: scratch.ipynb" in bob
 
     dave = feedback(folder, "dave")
     assert "did not finish in time" in dave  # the deadlock, caught by the launch timeout
     assert f"ran longer than {CELL_TIMEOUT} s" in dave  # the infinite loop, stopped by nbval
 
     erin = feedback(folder, "erin")
+    assert "[0/2] sum over 2 ranks: FAILED" in erin and "rank 0's result" in erin  # the reference check ran
+    assert "[3/3] broadcast from rank 0: passed" in erin  # the deleted check ran too
     assert "answer cell 'world_size_seen' was not found" in erin
 
     frank = feedback(folder, "frank")
     assert "not a notebook" in frank
 
     grace = feedback(folder, "grace")
-    assert "could not be interrupted" in grace
+    assert "could not be interrupted" in grace  # so the cell was replaced and the notebook re-run
     assert "tiny_basics.ipynb: 0 of 1 points" in grace and "no list of cells" in grace
 
 
