@@ -69,7 +69,8 @@ def expect_close(actual, expected, what: str, hint: str | None = None, rtol=None
     if actual.shape != expected.shape:
         raise CheckFailed(what, f"expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}", hint)
     if actual.dtype != expected.dtype:
-        raise CheckFailed(what, f"expected dtype {expected.dtype}, got {actual.dtype}", hint)
+        raise CheckFailed(what, f"expected dtype {expected.dtype}, got {actual.dtype} "
+                                f"(convert with .to({expected.dtype}) or create the tensor with dtype=...)", hint)
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
     except AssertionError:

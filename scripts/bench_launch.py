@@ -17,18 +17,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import multiprocessing
 import os
 import platform
 import socket
 import statistics
 import time
 
+import psutil
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from course_lib import launch
 from course_lib.launcher import available_cpus
+
+HANG_LIMIT_S = 30
 
 
 def all_reduce_once() -> float:
@@ -71,24 +75,57 @@ def time_mp_spawn(world_size: int) -> float:
     return time.perf_counter() - started
 
 
-def time_accelerate(world_size: int) -> float:
+def _accelerate_in_child(world_size: int, conn) -> None:
     from accelerate import notebook_launcher
 
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # it prints a banner every launch
         notebook_launcher(accelerate_worker, num_processes=world_size, use_port=str(free_port()))
-    return time.perf_counter() - started
+    conn.send(time.perf_counter() - started)
 
 
-def interleaved_medians(measures: dict, world_size: int, repeats: int) -> dict:
-    """Median time of each way; the ways take turns, so background load hits all alike."""
+def time_accelerate(world_size: int) -> float | None:
+    """Seconds for one notebook_launcher call, timed inside a child process; None if it hung.
+
+    Some of its launches hung on this course's test machine (its elastic agent hosts the
+    rendezvous store in the launching process and forks the workers beside the store's
+    thread, the pattern that also deadlocked an early version of course_lib.launch).
+    Running it in a child lets the benchmark stop such a launch, and its workers, and go on.
+    """
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_accelerate_in_child, args=(world_size, send))
+    child.start()
+    send.close()
+    if receive.poll(HANG_LIMIT_S):
+        elapsed = receive.recv()
+        child.join()
+        return elapsed
+    family = psutil.Process(child.pid)
+    for process in family.children(recursive=True) + [family]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    child.join()
+    return None
+
+
+def interleaved_medians(measures: dict, world_size: int, repeats: int) -> tuple[dict, dict]:
+    """Median time of each way, and how many of its launches hung.
+
+    The ways take turns, so background load hits all of them alike.
+    """
     for measure in measures.values():
         measure(world_size)  # warm-up: page cache, lazy imports
     times = {name: [] for name in measures}
+    hangs = {name: 0 for name in measures}
     for _ in range(repeats):
         for name, measure in measures.items():
-            times[name].append(measure(world_size))
-    return {name: statistics.median(values) for name, values in times.items()}
+            elapsed = measure(world_size)
+            if elapsed is None:
+                hangs[name] += 1
+            else:
+                times[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in times.items() if values}, hangs
 
 
 def main() -> None:
@@ -102,24 +139,28 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {available_cpus()} cores, torch {torch.__version__}, "
           f"Python {platform.python_version()}")
 
-    measures = {"launch": time_course_launch, "spawn": time_mp_spawn}
+    quick = {"launch": time_course_launch}
     try:
         import accelerate  # noqa: F401
 
-        measures["accelerate"] = time_accelerate
+        quick["accelerate"] = time_accelerate
     except ImportError:
         pass
-    quick = {name: m for name, m in measures.items() if name != "spawn"}
-    medians = interleaved_medians(quick, n, repeats)
-    medians["spawn"] = interleaved_medians({"spawn": time_mp_spawn}, n, max(2, repeats // 2))["spawn"]
-    ours, spawn = medians["launch"], medians["spawn"]
+    medians, hangs = interleaved_medians(quick, n, repeats)
+    spawn_medians, _ = interleaved_medians({"spawn": time_mp_spawn}, n, max(2, repeats // 2))
+    ours, spawn = medians["launch"], spawn_medians["spawn"]
     print(f"course_lib.launch              {ours:8.3f} s")
     print(f"torch.multiprocessing (spawn)  {spawn:8.3f} s   launch is {spawn / ours:5.1f}x faster")
-    if "accelerate" not in medians:
+    if "accelerate" not in quick:
         print("accelerate.notebook_launcher   not installed (pip install accelerate to compare)")
         return
+    hung = f"   ({hangs['accelerate']} of {repeats} launches hung > {HANG_LIMIT_S} s and were stopped)"
+    if "accelerate" not in medians:
+        print(f"accelerate.notebook_launcher   every launch hung{hung}")
+        return
     theirs = medians["accelerate"]
-    print(f"accelerate.notebook_launcher   {theirs:8.3f} s   launch takes {ours / theirs:5.2f}x its time")
+    print(f"accelerate.notebook_launcher   {theirs:8.3f} s   launch takes {ours / theirs:5.2f}x its time"
+          + (hung if hangs["accelerate"] else ""))
 
 
 if __name__ == "__main__":

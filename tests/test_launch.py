@@ -328,10 +328,16 @@ def test_the_same_function_runs_under_torchrun(tmp_path):
     assert launch(sum_of_ranks, 2, args=(10,), timeout=60) == [10.0, 10.0]
     script = write_torchrun_script(sum_of_ranks, tmp_path / "sum_of_ranks.py", args=(10,))
     torchrun = Path(sys.executable).with_name("torchrun")
-    run = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)],
-                         capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    run = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        run.stdout_text, run.stderr = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:  # SIGTERM lets torchrun stop its workers (SIGKILL would orphan them)
+            run.terminate()
+            run.communicate(timeout=60)
     assert run.returncode == 0, run.stderr
-    assert sorted(line for line in run.stdout.splitlines() if "returned" in line) == [
+    assert sorted(line for line in run.stdout_text.splitlines() if "returned" in line) == [
         "[rank 0] returned 10.0", "[rank 1] returned 10.0"]
     with pytest.raises(TypeError, match="literals"):
         write_torchrun_script(sum_of_ranks, tmp_path / "x.py", args=(threading.Lock(),))

@@ -72,3 +72,42 @@ def test_kernel_interrupt_stops_every_worker():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+LONG_RUN = """\
+import time
+import torch.distributed as dist
+from course_lib import launch
+
+def slow():
+    print(f"working on step 1", flush=True)
+    time.sleep(2.5)
+    return dist.get_rank()
+
+launch(slow, 2, timeout=60)
+"""
+
+
+def test_a_long_run_shows_live_progress_then_the_ordered_transcript():
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        msg_id = client.execute(LONG_RUN)
+        live_updates, streams = [], []
+        while True:
+            message = client.get_iopub_msg(timeout=60)
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "update_display_data":
+                live_updates.append(content["data"]["text/plain"])
+            elif kind == "stream":
+                streams.append(content["text"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        assert any("[rank 0] working on step 1" in text and "[rank 1] working on step 1" in text
+                   for text in live_updates), live_updates
+        assert live_updates[-1] == ""  # emptied, so the stored output is only the transcript
+        assert "".join(streams) == "[rank 0] working on step 1\n[rank 1] working on step 1\n"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
