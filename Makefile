@@ -18,6 +18,8 @@ STAMP := $(VENV)/.course-installed
 TORCH_INDEX_URL ?=
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout=300
 NOTEBOOKS := notebooks solutions
+# JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean
 
@@ -37,10 +39,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ROOT)
 
 lab-server: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip=127.0.0.1 --port=8888
+	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip=127.0.0.1 --port=8888 $(LAB_ROOT)
 
 test: $(STAMP)
 	$(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL) -v
