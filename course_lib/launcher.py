@@ -252,12 +252,31 @@ def _set_torchrun_environment(spec: _WorkerSpec) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
 
 
+def _readable_path(path: str) -> str:
+    """A notebook cell's code file as IPython names it ("Cell In[7]"), other paths unchanged.
+
+    The kernel keeps the map from its temporary cell files to execution counts; a
+    forked worker has a copy of it.
+    """
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        number = shell.compile._filename_map.get(path) if shell is not None else None
+    except Exception:  # noqa: BLE001 - no IPython, or another version of it
+        number = None
+    return f"Cell In[{number}]" if number is not None else path
+
+
 def _user_frames_only(exc: BaseException) -> str:
     """The traceback from the learner's function down, without the launcher's frames."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+    for frame in frames:
+        frame.filename = _readable_path(frame.filename)
     lines = [f"Traceback of rank {os.environ.get('RANK', '?')} (most recent call last):\n"]
     lines += traceback.format_list(frames)
-    return "".join(lines)
+    # IPython's own style for cells: `Cell In[7], line 3, in fn` (no quotes, no "File").
+    return re.sub(r'File "(Cell In\[\d+\])"', r"\1", "".join(lines))
 
 
 def _call_user_function(fn, args, kwargs):
@@ -433,7 +452,9 @@ def _parse_stack(text: str) -> list[str] | None:
                 library_path = re.split(r"[\\/](?:site|dist)-packages[\\/]", path)[-1]
                 shown.append(f"{library_path} in {frame['func']}")
             else:
-                shown.append(f'File "{path}", line {frame["line"]} in {frame["func"]}')
+                readable = _readable_path(path)
+                where = readable if readable.startswith("Cell In[") else f'File "{readable}"'
+                shown.append(f'{where}, line {frame["line"]}, in {frame["func"]}')
         return shown
     return None
 

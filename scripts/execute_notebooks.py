@@ -27,7 +27,9 @@ def notebooks_in(paths: list[str]) -> list[Path]:
 def execute(path: Path, timeout: int = 600) -> float:
     notebook = nbformat.read(path, as_version=4)
     started = time.perf_counter()
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+    for cell in notebook.cells:
+        cell.metadata.pop("execution", None)  # wall-clock stamps: noise in every diff
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     nbformat.write(notebook, path)
     return time.perf_counter() - started
