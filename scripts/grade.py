@@ -53,6 +53,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_exercises import make_exercise, read_notebook, stale_files  # noqa: E402
 
+from course_lib.launcher import available_cpus  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 FEEDBACK_FILE = "feedback.txt"
 MAX_RERUNS = 3
@@ -374,10 +376,6 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
         replaced[stuck] = (f"this cell did not finish: it ran longer than {options.cell_timeout:g} s and could "
                            "not be interrupted (an infinite loop?), or it crashed the Python kernel")
     raise AssertionError("unreachable")
-
-
-def available_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # --------------------------------------------------------------------------
