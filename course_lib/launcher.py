@@ -53,6 +53,7 @@ __all__ = [
     "available_cpus",
     "threads_per_rank",
     "choose_backend",
+    "rank_device",
 ]
 
 _RESULT_OK = "ok"
@@ -113,7 +114,16 @@ class WorkerTimeout(LaunchError):
 # Small facts the launcher (and the preflight chapter) need
 # --------------------------------------------------------------------------
 def available_cpus() -> int:
-    """CPU cores this process may use (respects taskset, cgroups via affinity)."""
+    """CPU cores this process may use (respects taskset, cgroups via affinity).
+
+    ``COURSE_CPUS=8`` makes the course behave as on an 8-core machine (the test
+    suite uses it so the many-core code paths run on a small CI machine too).
+    """
+    pretend = os.environ.get("COURSE_CPUS")
+    if pretend:
+        if not pretend.isdigit() or int(pretend) < 1:
+            raise ValueError(f"COURSE_CPUS must be a positive whole number of cores, got {pretend!r}")
+        return int(pretend)
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -134,12 +144,28 @@ def choose_backend(world_size: int) -> str:
     return "gloo"
 
 
+def rank_device():
+    """This rank's device: ``cuda:LOCAL_RANK`` when the rank has its own GPU, else the CPU.
+
+    Chapters create tensors and models with ``.to(rank_device())`` so the same cell runs
+    with gloo on a laptop and with NCCL on a GPU machine.
+    """
+    import torch
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available() and torch.cuda.device_count() > local_rank:
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
 def _cuda_initialised() -> bool:
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
 def _choose_start_method(requested):
+    if requested is None:  # COURSE_START_METHOD=spawn runs a whole notebook as macOS would
+        requested = os.environ.get("COURSE_START_METHOD") or None
     if requested not in (None, "fork", "spawn"):
         raise ValueError(f"start_method must be 'fork', 'spawn' or None (choose for me), not {requested!r}")
     fork_possible = "fork" in mp.get_all_start_methods()
