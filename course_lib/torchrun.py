@@ -1,0 +1,247 @@
+"""Run ``torchrun`` from a notebook, with the promises ``launch`` keeps (chapter 04).
+
+``run_torchrun(fn, nproc_per_node=2)`` writes ``fn`` out as a script
+(``course_lib.torchrun_script``), runs ``python -m torch.distributed.run --standalone ...``
+(that is ``torchrun``) as a subprocess and returns each rank's return value in rank order.
+Each rank's output is printed afterwards, prefixed ``[rank r]``, in rank order (and per
+restart attempt when torchrun restarted the workers). ``run_agents`` starts several torchrun
+agents at once (two "nodes" on one machine).
+
+Promises: every agent has a timeout; on a failure, a timeout or an interrupt every agent and
+every worker it started is stopped (SIGTERM, then SIGKILL); an agent dies with the notebook
+(Linux ``PR_SET_PDEATHSIG``); ports come from ``--standalone`` or ``free_port()``, never 29500.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from .torchrun_script import write_torchrun_script
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # what the `torchrun` command runs
+
+
+class TorchrunError(RuntimeError):
+    """An agent exited with an error; ``str()`` holds the agents' and failing workers' last lines."""
+
+    def __init__(self, message: str, returncodes: list[int | None], logs: list[str]):
+        self.returncodes, self.logs = returncodes, logs
+        super().__init__(message)
+
+
+class TorchrunTimeout(TorchrunError):
+    """The agents did not finish in time; all of them and their workers were stopped."""
+
+
+def free_port() -> int:
+    """A port that is free now (the OS picks it); for a rendezvous endpoint on this machine."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Agent:
+    """One ``torchrun`` process (a "node") and the file its log goes to."""
+
+    command: list[str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    ended: float | None = None
+
+    def start(self, env: dict[str, str], cwd: Path) -> None:
+        self.log = open(self.log_path, "wb")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+            start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+    def poll(self) -> int | None:
+        code = self.process.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return code
+
+    def text(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+
+@dataclass
+class TorchrunRun:
+    """What a finished run left: results by rank, output per (attempt, rank), the agents' logs."""
+
+    results: list
+    outputs: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+    agent_logs: list[str] = field(default_factory=list)
+    returncodes: list[int | None] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def attempts(self) -> list[int]:
+        return sorted({attempt for attempt, _ in self.outputs})
+
+
+def _stop(agents: list[Agent], folder: Path, grace_s: float = 10.0) -> None:
+    """SIGTERM each agent (torchrun then stops its workers), then SIGKILL whatever is left."""
+    family: list[psutil.Process] = []
+    for agent in agents:
+        if agent.process is None:
+            continue
+        with contextlib.suppress(psutil.Error):
+            parent = psutil.Process(agent.process.pid)
+            family += [parent, *parent.children(recursive=True)]
+    # workers that outlived their agent (reparented) left their pid in the output folder
+    for note in folder.glob("pid.*"):
+        with contextlib.suppress(psutil.Error, ValueError, OSError):
+            proc = psutil.Process(int(note.name.split(".")[1]))
+            if any(note.read_text() in part for part in proc.cmdline()):
+                family.append(proc)
+    for agent in agents:
+        if agent.process is not None and agent.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                agent.process.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(family, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    for agent in agents:
+        if agent.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.process.wait(timeout=5)
+            agent.poll()
+            agent.log.close()
+
+
+_LOG_NOISE = re.compile(r"^[WIE]\d{4} [\d:.]+ \d+ \S+\] ")
+
+
+def clean_log(text: str) -> str:
+    """torchrun's log lines without their timestamp/pid prefix."""
+    return "\n".join(_LOG_NOISE.sub("", line) for line in text.splitlines())
+
+
+def _collect(folder: Path, world_hint: int) -> tuple[list, dict]:
+    outputs: dict[tuple[int, int], tuple[str, str]] = {}
+    for path in folder.glob("rank*.attempt*.out"):
+        rank, attempt = (int(x) for x in re.findall(r"\d+", path.name)[:2])
+        err = path.with_suffix(".err")
+        outputs[(attempt, rank)] = (path.read_text(errors="replace"),
+                                    err.read_text(errors="replace") if err.exists() else "")
+    ranks = sorted(int(re.findall(r"\d+", p.name)[0]) for p in folder.glob("result*.pt"))
+    size = max([world_hint, *(r + 1 for r in ranks)]) if ranks else 0
+    results = [None] * size
+    for rank in ranks:
+        results[rank] = torch.load(folder / f"result{rank}.pt", weights_only=False)
+    return results, outputs
+
+
+def print_outputs(outputs: dict[tuple[int, int], tuple[str, str]]) -> None:
+    """Each rank's stdout then stderr, prefixed by rank, in rank order, attempt by attempt."""
+    attempts = sorted({attempt for attempt, _ in outputs})
+    for attempt in attempts:
+        if len(attempts) > 1:
+            print(f"--- attempt {attempt} (TORCHELASTIC_RESTART_COUNT={attempt}) ---")
+        for (_, rank), (out, err) in sorted((k, v) for k, v in outputs.items() if k[0] == attempt):
+            for line in out.splitlines():
+                print(f"[rank {rank}] {line}")
+            for line in err.splitlines():
+                print(f"[rank {rank}] {line}", file=sys.stderr)
+
+
+def _failure_text(agents: list[Agent], outputs, shown: bool, tail: int = 15) -> str:
+    parts = []
+    for index, agent in enumerate(agents):
+        lines = [line for line in clean_log(agent.text()).splitlines() if line.strip()]
+        parts.append(f"--- agent {index} (exit code {agent.process.returncode}), last lines of its log:\n"
+                     + "\n".join(lines[-tail:]))
+    for (attempt, rank), (_, err) in sorted(outputs.items()):
+        if "Traceback" in err and not shown:  # already printed with the ranks' output
+            parts.append(f"--- rank {rank} (attempt {attempt}) stderr:\n" + "\n".join(err.splitlines()[-tail:]))
+    return "\n".join(parts)
+
+
+def run_agents(script: str | Path, agent_options: list[list[str]], *, script_args=(), timeout: float = 120,
+               env: dict[str, str] | None = None, show_output: bool = True, check: bool = True,
+               stagger_s: float = 0.0, on_started=None) -> TorchrunRun:
+    """Start one torchrun agent per entry of ``agent_options`` on ``script``; wait for all of them.
+
+    ``agent_options``: each agent's torchrun options, e.g. ``["--standalone", "--nproc-per-node=2"]``.
+    ``stagger_s`` waits between starting agents. ``on_started(agents, folder)`` runs once all are started
+    (to kill a worker, for example) and may return while they run. Raises ``TorchrunTimeout`` after
+    ``timeout`` seconds and, with ``check``, ``TorchrunError`` when an agent fails; in every case
+    every agent and worker has been stopped when this returns.
+    """
+    script = Path(script).resolve()
+    folder = Path(tempfile.mkdtemp(prefix="torchrun-"))
+    run_env = {**os.environ, **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(folder)}
+    run_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+        [os.getcwd(), *[p for p in sys.path if p], *run_env.get("PYTHONPATH", "").split(os.pathsep)]))
+    agents = [Agent([*TORCHRUN, *options, str(script), *map(str, script_args)], folder / f"agent{i}.log")
+              for i, options in enumerate(agent_options)]
+    deadline = time.monotonic() + timeout
+    finished = False
+    try:
+        for index, agent in enumerate(agents):
+            if index and stagger_s:
+                time.sleep(stagger_s)
+            agent.start(run_env, cwd=script.parent)
+        if on_started is not None:
+            on_started(agents, folder)
+        while any(agent.poll() is None for agent in agents):
+            failed = [a for a in agents if a.poll() not in (None, 0)]
+            if failed and check:
+                break  # one agent failed: the others would only wait for it
+            if time.monotonic() > deadline:
+                raise TorchrunTimeout(f"torchrun did not finish within {timeout} s; every agent and worker "
+                                      "was stopped", [a.process.returncode for a in agents],
+                                      [a.text() for a in agents])
+            time.sleep(0.05)
+        finished = True
+    finally:
+        _stop(agents, folder)  # also on an exception or KeyboardInterrupt
+        results, outputs = _collect(folder, 0)
+        if show_output:
+            print_outputs(outputs)
+    run = TorchrunRun(results, outputs, [a.text() for a in agents], [a.process.returncode for a in agents],
+                      [(a.ended or time.monotonic()) - a.started for a in agents])
+    if check and finished and any(code != 0 for code in run.returncodes):
+        raise TorchrunError("torchrun failed:\n" + _failure_text(agents, outputs, show_output), run.returncodes, run.agent_logs)
+    return run
+
+
+def run_torchrun(fn, nproc_per_node: int = 2, args=(), *, options=("--standalone",), timeout: float = 120,
+                 env: dict[str, str] | None = None, show_output: bool = True, script: str | Path | None = None):
+    """Write ``fn`` to a script and run it under ``torchrun --standalone``; return the ranks' results."""
+    folder = Path(tempfile.mkdtemp(prefix="torchrun-script-"))
+    path = write_torchrun_script(fn, script or folder / f"{fn.__name__}.py", args=args)
+    run = run_agents(path, [[*options, f"--nproc-per-node={nproc_per_node}"]], timeout=timeout, env=env,
+                     show_output=show_output)
+    return run.results
+
+
+def command_line(options, script="train.py") -> str:
+    """How a learner would type it in a terminal."""
+    return shlex.join(["torchrun", *options, str(script)])
