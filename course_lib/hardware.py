@@ -1,0 +1,69 @@
+"""What a timing ran on, and small timing helpers (introduced in chapter 02; used from 00 on).
+
+Every measured number in the course is printed next to ``hardware_line()``: the CPU model,
+the cores this process may use, the load average (other programs on a shared machine slow a
+measurement down), the GPUs and the torch version. ``best_of`` and ``median_of`` are the two
+ways the course summarises repeated timings.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from .launcher import available_cpus
+
+
+def cpu_name() -> str:
+    """The CPU model as the operating system names it (Linux: /proc/cpuinfo)."""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> float | None:
+    """The 1-minute load average: how many cores other programs kept busy (None on Windows)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def gpu_names() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def hardware_line() -> str:
+    """One line to print next to every timing."""
+    load = load_average()
+    gpus = gpu_names()
+    gpu_text = f"{len(gpus)} GPU(s) ({gpus[0]})" if gpus else "no GPU"
+    load_text = f"load average {load:.1f}" if load is not None else "load unknown"
+    return (f"{cpu_name()}, {available_cpus()} CPU cores usable, {load_text}, {gpu_text}, "
+            f"torch {torch.__version__}")
+
+
+def seconds(work: Callable[[], object]) -> float:
+    """Wall-clock seconds of one call of ``work``."""
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def best_of(work: Callable[[], object], repeats: int = 5) -> float:
+    """The fastest of ``repeats`` calls: other programs can only make a try slower."""
+    return min(seconds(work) for _ in range(repeats))
+
+
+def median_of(work: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
+    """The median of ``repeats`` calls after ``warmup`` untimed ones: robust to a disturbed call."""
+    for _ in range(warmup):
+        work()
+    return statistics.median(seconds(work) for _ in range(repeats))
