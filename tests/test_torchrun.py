@@ -1,0 +1,110 @@
+"""course_lib.torchrun and the script writer: results, rank order, failures, timeouts, no orphans."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib.launcher import launch
+from course_lib.torchrun import TorchrunError, TorchrunTimeout, run_agents, run_torchrun
+from course_lib.torchrun_script import function_calls_init_process_group, write_torchrun_script
+
+SCALE = 3
+NAMES = ("a", "b")
+GLOBAL_TENSOR = torch.ones(2)
+
+
+def _scaled(x):
+    return x * SCALE
+
+
+def helper_and_constants():
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"sum {t.item():.0f}")
+    return _scaled(t), NAMES[dist.get_rank() % 2]
+
+
+def initialises_itself():
+    dist.init_process_group("gloo")
+    t = torch.ones(1) * dist.get_rank()
+    dist.all_reduce(t)
+    return t
+
+
+def uses_a_global_tensor():
+    return GLOBAL_TENSOR + dist.get_rank()
+
+
+def hangs():
+    if dist.get_rank() == 0:
+        dist.barrier()
+    time.sleep(600)
+
+
+def _descendants_of_this_process():
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_helpers_constants_and_tensors_travel_with_the_function():
+    got = run_torchrun(helper_and_constants, 2, timeout=120)
+    assert got == launch(helper_and_constants, 2, timeout=60, show_output=False) or all(
+        torch.equal(a[0], b[0]) and a[1] == b[1]
+        for a, b in zip(got, launch(helper_and_constants, 2, timeout=60, show_output=False)))
+    torch.testing.assert_close(got[0][0], torch.tensor([9.0]))
+    assert [g[1] for g in got] == ["a", "b"]
+
+
+def test_rank_ordered_output(capsys):
+    run_torchrun(helper_and_constants, 2, timeout=120)
+    assert capsys.readouterr().out.splitlines() == ["[rank 0] sum 3", "[rank 1] sum 3"]
+
+
+def test_a_function_that_initialises_the_group_itself():
+    assert function_calls_init_process_group(initialises_itself)
+    assert not function_calls_init_process_group(helper_and_constants)
+    got = run_torchrun(initialises_itself, 2, timeout=120)
+    torch.testing.assert_close(got, [torch.ones(1), torch.ones(1)])
+
+
+def test_a_global_tensor_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(TypeError, match="GLOBAL_TENSOR.*pass it in through args"):
+        write_torchrun_script(uses_a_global_tensor, tmp_path / "x.py")
+
+
+def test_tensor_arguments_go_into_a_side_file(tmp_path):
+    script = write_torchrun_script(_scaled, tmp_path / "scaled.py", args=(torch.arange(3.0),))
+    assert (tmp_path / "scaled.py.args.pt").exists()
+    got = run_agents(script, [["--standalone", "--nproc-per-node=1"]], timeout=120, show_output=False).results
+    torch.testing.assert_close(got[0], torch.arange(3.0) * 3)
+
+
+def test_a_failing_rank_stops_everything():
+    def fails_on_rank_one():
+        if dist.get_rank() == 1:
+            raise ValueError("rank one is broken")
+        dist.barrier()
+
+    with pytest.raises(TorchrunError, match="agent 0"):
+        run_torchrun(fails_on_rank_one, 2, timeout=120, show_output=False)
+    assert not _descendants_of_this_process()
+
+
+def test_a_timeout_stops_every_agent_and_worker():
+    start = time.monotonic()
+    with pytest.raises(TorchrunTimeout):
+        run_torchrun(hangs, 2, timeout=15, show_output=False)
+    assert time.monotonic() - start < 60
+    assert not _descendants_of_this_process()
+
+
+def test_the_fixed_port_is_never_used():
+    def port():
+        return int(os.environ["MASTER_PORT"])
+
+    assert 29500 not in run_torchrun(port, 2, timeout=120, show_output=False)
