@@ -6,18 +6,50 @@ Defined in chapter 00 (preflight), used by every chapter after it::
     results = launch(fn, world_size=4, args=(x, y), timeout=60)
 
 Each worker is a real operating-system process with the default process group
-initialised (gloo on CPU, NCCL with one GPU per rank when there are enough GPUs)
-and the same environment variables ``torchrun`` sets, so ``fn`` runs unchanged
-under ``torchrun``. What the parent process does, in order:
+initialised (gloo for CPU tensors; on a machine with a GPU per rank also NCCL for
+CUDA tensors) and the torchrun environment variables a function needs (RANK,
+LOCAL_RANK, WORLD_SIZE, ...). What the parent process does, in order:
 
 1. reserve a free port the operating system picks and hold it for the whole
    launch, so concurrent launches never fight over a port (rank 0 hosts the
    rendezvous store on it, as with ``torchrun``);
-2. start the workers, by ``fork`` where that is safe, else by ``spawn`` with
-   ``fn`` sent by value (cloudpickle), so functions defined in a notebook work;
+2. start the workers (how, and why, below) with ``fn`` sent by value
+   (cloudpickle), so functions defined in a notebook cell work;
 3. wait for each rank's result, a failing rank, a dead rank or the timeout;
 4. on any failure stop every worker (and the workers' own children);
 5. print each rank's output in rank order, prefixed ``[rank r]``.
+
+How workers start, and why
+--------------------------
+A worker forked straight from the notebook kernel inherits the kernel's OpenMP
+thread pool, and GNU OpenMP's pool does not survive ``fork``: once the kernel has
+run any multi-threaded tensor op, a forked worker that uses more than one
+intra-op thread hangs in its first parallel op (pytorch#41197, #58962). A 2-core
+machine never sees it (2 ranks get one thread each); a 4-core laptop always does.
+``spawn`` avoids it but starts a fresh interpreter per rank per launch (about 5 s
+for 4 ranks on 2 cores, 14 s from a notebook). So, on Linux, workers are forked
+from a *launch server*: a fresh interpreter started once per kernel (Python's
+``forkserver``) that imports torch and never runs a tensor op or touches CUDA.
+Its children start in milliseconds with torch already imported, may use as many
+threads as they like, and may use CUDA even when the kernel already has.
+
+Because a server child does not inherit the kernel's memory, the launch sends
+what a learner expects a worker to see: ``fn`` and its arguments by value, the
+kernel's environment variables *at the moment of the launch* (e.g.
+``TORCH_DISTRIBUTED_DEBUG`` set in a cell), its working directory and
+``sys.path``. Variables that torch reads only when it is imported (such as
+``TORCH_CPP_LOG_LEVEL``) restart the server when they change.
+
+macOS and Windows use ``spawn`` (Python's own default there: system libraries
+are not fork-safe); ``COURSE_START_METHOD=spawn`` forces it anywhere, which the
+test suite uses to check that a notebook reads the same on every platform.
+
+Timeouts
+--------
+``timeout`` is the time ``fn`` may run, counted from the moment every rank has
+entered it; starting the ranks (interpreters, imports, rendezvous) is bounded
+separately by ``startup_timeout``. So a hang demo can use a 3-second timeout on
+every start method.
 """
 
 from __future__ import annotations
@@ -26,6 +58,7 @@ import contextlib
 import ctypes
 import faulthandler
 import io
+import linecache
 import multiprocessing as mp
 import os
 import pickle
@@ -38,7 +71,7 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for_any
 
@@ -54,13 +87,23 @@ __all__ = [
     "threads_per_rank",
     "choose_backend",
     "rank_device",
+    "report_progress",
+    "warm_up",
 ]
 
 _RESULT_OK = "ok"
 _RESULT_ERROR = "error"
 _RESULT_UNSENDABLE = "unsendable"
+_RESULT_STARTED = "started"
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # absent on Windows
 _LIVE_REFRESH_S = 0.5
+# What the launch server imports once, so that its children start warm. torch._dynamo
+# is what DDP imports on first use: 2.5 s per worker on 2 cores if every worker pays it.
+_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "course_lib.launcher"]
+# Read by torch (or its C++ core) only at import: a change needs a fresh server.
+_IMPORT_TIME_VARIABLES = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS",
+                          "OMP_WAIT_POLICY", "KMP_AFFINITY", "GOMP_SPINCOUNT")
+_PROGRESS_FILE_VARIABLE = "COURSE_PROGRESS_FILE"
 
 
 # --------------------------------------------------------------------------
@@ -90,24 +133,113 @@ class UnsendableResult(WorkerError, TypeError):
     """A rank's return value could not be pickled back to the notebook."""
 
 
-class WorkerTimeout(LaunchError):
-    """The launch ran past ``timeout``. ``stacks[rank]`` says where each rank was waiting."""
+@dataclass
+class RankWhereabouts:
+    """Where one rank was when a launch timed out (see ``WorkerTimeout.where``)."""
 
-    def __init__(self, timeout, stacks, finished, world_size):
+    rank: int
+    state: str  # "finished", "collective", "waiting", "computing", "starting", "unknown"
+    collective: str | None = None  # e.g. "all_reduce" when state == "collective"
+    frames: list[str] = field(default_factory=list)  # outermost first
+
+    def summary(self) -> str:
+        here = f" at {self.frames[-1]}" if self.frames else ""
+        user = _innermost_user_frame(self.frames)
+        called_from = f" (called from {user})" if user and user != (self.frames or [None])[-1] else ""
+        return {
+            "finished": f"rank {self.rank}: finished fn, waiting for the other ranks",
+            "collective": f"rank {self.rank}: inside the collective {self.collective}{called_from}",
+            "waiting": f"rank {self.rank}: waiting for an asynchronous send/recv or collective "
+                       f"(work.wait()){here}",
+            "computing": f"rank {self.rank}: in its own computation, not in any collective{here}",
+            "starting": f"rank {self.rank}: still starting (had not entered fn){here}",
+            "unknown": f"rank {self.rank}: no stack available",
+        }[self.state]
+
+
+class WorkerTimeout(LaunchError):
+    """The launch ran past its timeout.
+
+    ``stacks[rank]`` is each unfinished rank's Python stack (outermost first),
+    ``where[rank]`` says whether it was inside a collective (and which), waiting
+    on an asynchronous operation, or in its own computation, and ``finished`` is
+    the set of ranks that had returned from fn.
+    """
+
+    def __init__(self, timeout, stacks, finished, world_size, phase="fn"):
         self.timeout = timeout
         self.stacks = stacks
         self.finished = finished
-        lines = [f"timed out after {timeout:g} s with {len(finished)} of {world_size} ranks finished. "
-                 "Where each rank was:"]
+        self.phase = phase
+        self.where = {rank: _classify(rank, stacks.get(rank), rank in finished, phase)
+                      for rank in range(world_size)}
+        if phase == "startup":
+            head = (f"the ranks did not all start within {timeout:g} s "
+                    f"({len(finished)} of {world_size} had entered fn). Where each rank was:")
+        else:
+            head = (f"timed out after {timeout:g} s with {len(finished)} of {world_size} ranks "
+                    "finished. Where each rank was:")
+        lines = [head]
         for rank in range(world_size):
-            if rank in finished:
-                lines.append(f"rank {rank}: finished fn, waiting for the other ranks")
-            else:
-                lines.append(f"rank {rank} was in:")
+            lines.append(self.where[rank].summary())
+            if rank not in finished:
                 lines.extend(f"    {frame}" for frame in stacks.get(rank, ["(no stack available)"]))
-        lines.append("All ranks were stopped. A rank inside a collective that another rank never calls "
-                     "(or calls in another order, or with another shape) waits forever.")
+        lines.append(_diagnosis(self.where, phase))
         super().__init__("\n".join(lines))
+
+
+_COLLECTIVE_WRAPPERS = {"wrapper", "_wrapper", "inner", "__call__"}
+
+
+def _innermost_user_frame(frames):
+    for frame in reversed(frames or []):
+        if frame.startswith(("Cell In[", "File ")):
+            return frame
+    return None
+
+
+def _classify(rank, frames, finished, phase) -> RankWhereabouts:
+    if finished:
+        return RankWhereabouts(rank, "finished")
+    if frames is None:
+        return RankWhereabouts(rank, "unknown")
+    if phase == "startup" and not any(f.startswith(("Cell In[", "File ")) for f in frames):
+        return RankWhereabouts(rank, "starting", frames=frames)
+    for frame in reversed(frames):  # innermost first
+        match = re.match(r"torch/distributed/[\w/]+\.py in (\w+)$", frame)
+        if match and match.group(1) not in _COLLECTIVE_WRAPPERS and not match.group(1).startswith("_"):
+            return RankWhereabouts(rank, "collective", collective=match.group(1), frames=frames)
+    if frames and ".wait(" in frames[-1]:
+        return RankWhereabouts(rank, "waiting", frames=frames)
+    return RankWhereabouts(rank, "computing", frames=frames)
+
+
+def _diagnosis(where, phase) -> str:
+    stuck = [w for w in where.values() if w.state not in ("finished",)]
+    in_comm = [w for w in stuck if w.state in ("collective", "waiting")]
+    computing = [w for w in stuck if w.state == "computing"]
+    names = lambda ws: ", ".join(str(w.rank) for w in ws)  # noqa: E731
+    if phase == "startup":
+        return ("All ranks were stopped. A rank that never reaches fn is usually stuck in the rendezvous "
+                "(init_process_group waits for every rank) or in a slow import; raise startup_timeout on "
+                "a slow or busy machine.")
+    if not in_comm:
+        return ("All ranks were stopped. No rank was inside a collective: they were stuck (or just slow) in "
+                "their own computation. Likely causes: the work needs more than the timeout (raise "
+                "timeout=), an endless loop, or a deadlock in a thread pool (e.g. a worker forked with "
+                "start_method='fork' after the notebook ran a multi-threaded op).")
+    collectives = {w.collective for w in in_comm if w.state == "collective"}
+    if computing or any(w.state == "finished" for w in where.values()):
+        others = [w for w in where.values() if w.state != "collective" and w.state != "waiting"]
+        return (f"All ranks were stopped. Rank(s) {names(in_comm)} wait in communication that rank(s) "
+                f"{names(others)} never joined: every rank of the group must call each collective, in the "
+                "same order.")
+    if len(collectives) > 1:
+        return (f"All ranks were stopped. The ranks are inside different collectives "
+                f"({', '.join(sorted(collectives))}): they call collectives in different orders.")
+    return ("All ranks were stopped. Every rank is inside communication but it never completes: a send "
+            "without a matching recv, a collective called a different number of times per rank, or "
+            "mismatched shapes (TORCH_DISTRIBUTED_DEBUG=DETAIL checks them).")
 
 
 # --------------------------------------------------------------------------
@@ -135,12 +267,16 @@ def threads_per_rank(world_size: int) -> int:
 
 
 def choose_backend(world_size: int) -> str:
-    """NCCL when every rank can have its own GPU, gloo otherwise."""
+    """gloo for CPU tensors; with a GPU per rank, also NCCL for CUDA tensors.
+
+    The per-device form ``"cpu:gloo,cuda:nccl"`` lets the same cell run on a laptop
+    and on a GPU machine: chapters build CPU tensors, which an NCCL-only group rejects.
+    """
     import torch
     import torch.distributed as dist
 
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
-        return "nccl"
+        return "cpu:gloo,cuda:nccl"
     return "gloo"
 
 
@@ -158,35 +294,114 @@ def rank_device():
     return torch.device("cpu")
 
 
+def report_progress(step: int, total: int) -> None:
+    """From inside fn: "this rank has done ``step`` of ``total``" (drawn as a live progress bar).
+
+    Outside a launch it does nothing, so the same function also runs under torchrun.
+    """
+    path = os.environ.get(_PROGRESS_FILE_VARIABLE)
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{int(step)} {int(total)}")
+        os.replace(path + ".tmp", path)
+
+
 def _cuda_initialised() -> bool:
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def _choose_start_method(requested):
+def _default_start_method() -> str:
+    methods = mp.get_all_start_methods()
+    # macOS: system libraries are not fork-safe, so Python defaults to spawn there too.
+    if "forkserver" in methods and sys.platform != "darwin":
+        return "forkserver"
+    return "spawn"
+
+
+def _choose_start_method(requested, threads):
     if requested is None:  # COURSE_START_METHOD=spawn runs a whole notebook as macOS would
         requested = os.environ.get("COURSE_START_METHOD") or None
-    if requested not in (None, "fork", "spawn"):
-        raise ValueError(f"start_method must be 'fork', 'spawn' or None (choose for me), not {requested!r}")
-    fork_possible = "fork" in mp.get_all_start_methods()
+    if requested not in (None, "fork", "forkserver", "spawn"):
+        raise ValueError("start_method must be 'forkserver', 'spawn', 'fork' or None (choose for me), "
+                         f"not {requested!r}")
+    if requested is None:
+        return _default_start_method()
+    if requested not in mp.get_all_start_methods():
+        raise ValueError(f"start_method={requested!r} is not available on this platform; use 'spawn'.")
     if requested == "fork":
-        if not fork_possible:
-            raise ValueError("start_method='fork' is not available on this platform; use start_method='spawn'.")
         if _cuda_initialised():
             raise ValueError(
                 "CUDA is already initialised in this process, and a forked worker cannot use it "
-                "(the CUDA driver does not survive fork). Fix: restart the kernel and call launch "
-                "before any CUDA work in the notebook, or pass start_method='spawn'."
+                "(the CUDA driver does not survive fork). Fix: leave start_method unset (the default "
+                "starts workers from a clean server process) or pass start_method='spawn'."
             )
-        return "fork"
-    if requested == "spawn":
-        return "spawn"
-    # macOS: system libraries are not fork-safe, so Python defaults to spawn there too.
-    if not fork_possible or sys.platform == "darwin" or _cuda_initialised():
-        return "spawn"
-    return "fork"
+        if threads > 1:
+            raise ValueError(
+                f"start_method='fork' with threads={threads} can hang: a worker forked from a process "
+                "that has run a multi-threaded tensor op deadlocks in its first parallel op (OpenMP's "
+                "thread pool does not survive fork). Fix: leave start_method unset (the default is "
+                "safe), or pass threads=1 with fork."
+            )
+    return requested
 
 
+# --------------------------------------------------------------------------
+# The launch server (Python's forkserver with torch preloaded)
+# --------------------------------------------------------------------------
+_server_variables: dict[str, str | None] | None = None
+_server_owner: int | None = None  # the process that started the server
+_server_lock = threading.Lock()
+
+
+def _import_time_variables() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in _IMPORT_TIME_VARIABLES}
+
+
+def _server_context():
+    """The forkserver context, with a server whose torch saw this kernel's import-time variables."""
+    global _server_variables, _server_owner
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    with _server_lock:
+        server = forkserver._forkserver
+        if _server_owner is not None and _server_owner != os.getpid():
+            # A process forked from one that ran launches (e.g. a learner's forked helper):
+            # the server belongs to the parent; start our own.
+            server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+        _server_owner = os.getpid()
+        wanted = _import_time_variables()
+        if _server_variables is not None and _server_variables != wanted:
+            with contextlib.suppress(Exception):
+                server._stop()  # next start picks up the new variables
+        ctx.set_forkserver_preload(_SERVER_PRELOAD)
+        _server_variables = wanted
+        forkserver.ensure_running()
+    return ctx
+
+
+def warm_up() -> None:
+    """Start the launch server now, in the background, so the first launch is fast.
+
+    Called when course_lib is imported in a notebook kernel; harmless to call again.
+    """
+    if _default_start_method() != "forkserver" or os.environ.get("COURSE_START_METHOD"):
+        return
+    with contextlib.suppress(Exception):
+        _server_context()
+
+
+def _in_notebook_kernel() -> bool:
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+# --------------------------------------------------------------------------
+# Ports and interfaces
+# --------------------------------------------------------------------------
 def _reserve_port() -> socket.socket:
     """Bind (without listening) to a port the OS picks, and keep it bound.
 
@@ -225,25 +440,44 @@ class _WorkerSpec:
     out_path: str
     err_path: str
     stack_path: str
+    progress_path: str
     threads: int
     pg_timeout_s: float
-    parent_pid: int
+    kernel_pid: int
+    environment: dict  # the notebook's os.environ at launch time
+    cwd: str
+    sys_path: list
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make sure this worker never outlives the notebook kernel that started it."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent(kernel_pid: int) -> None:
+    """Make sure this worker never outlives the notebook kernel that launched it.
+
+    The direct parent is the kernel (spawn, fork) or the launch server, which itself
+    exits when the kernel does.
+    """
+    parent = os.getppid()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             PR_SET_PDEATHSIG = 1
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
-    def watch():  # portable fallback (macOS): poll for re-parenting
+    def watch():  # portable fallback (macOS), and the kernel itself when the server is our parent
         while True:
-            if os.getppid() != parent_pid:
+            if os.getppid() != parent or not _alive(kernel_pid):
                 os._exit(1)
             time.sleep(0.5)
 
-    if os.getppid() != parent_pid:
+    if not _alive(kernel_pid):
         os._exit(1)
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
@@ -262,6 +496,15 @@ def _redirect_stdio(out_path: str, err_path: str) -> None:
     )
 
 
+def _adopt_notebook_state(spec: _WorkerSpec) -> None:
+    """See what the notebook sees: its environment, working directory and import path."""
+    os.environ.clear()
+    os.environ.update(spec.environment)
+    with contextlib.suppress(OSError):
+        os.chdir(spec.cwd)
+    sys.path[:] = spec.sys_path
+
+
 def _set_torchrun_environment(spec: _WorkerSpec) -> None:
     os.environ.update(
         RANK=str(spec.rank),
@@ -273,36 +516,20 @@ def _set_torchrun_environment(spec: _WorkerSpec) -> None:
         MASTER_PORT=str(spec.master_port),
         OMP_NUM_THREADS=str(spec.threads),
     )
+    os.environ[_PROGRESS_FILE_VARIABLE] = spec.progress_path
     loopback = _loopback_interface()
     if loopback:  # one machine: keep gloo on loopback, whatever the hostname resolves to
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
 
 
-def _readable_path(path: str) -> str:
-    """A notebook cell's code file as IPython names it ("Cell In[7]"), other paths unchanged.
+def _frames_of(exc: BaseException) -> list[tuple]:
+    """The traceback from the learner's function down, as plain tuples the parent formats.
 
-    The kernel keeps the map from its temporary cell files to execution counts; a
-    forked worker has a copy of it.
+    The parent fills in source lines and names notebook cells: it has the kernel's
+    cell files, which a worker started from a server or by spawn does not.
     """
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        number = shell.compile._filename_map.get(path) if shell is not None else None
-    except Exception:  # noqa: BLE001 - no IPython, or another version of it
-        number = None
-    return f"Cell In[{number}]" if number is not None else path
-
-
-def _user_frames_only(exc: BaseException) -> str:
-    """The traceback from the learner's function down, without the launcher's frames."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    for frame in frames:
-        frame.filename = _readable_path(frame.filename)
-    lines = [f"Traceback of rank {os.environ.get('RANK', '?')} (most recent call last):\n"]
-    lines += traceback.format_list(frames)
-    # IPython's own style for cells: `Cell In[7], line 3, in fn` (no quotes, no "File").
-    return re.sub(r'File "(Cell In\[\d+\])"', r"\1", "".join(lines))
+    return [(f.filename, f.lineno, f.name, f.line or "")
+            for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
 
 
 def _call_user_function(fn, args, kwargs):
@@ -314,37 +541,41 @@ def _report(conn, message) -> None:
 
 
 def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
-    """Entry point of every worker process (fork or spawn)."""
+    """Entry point of every worker process (forkserver, spawn or fork)."""
     os.setpgrp()  # own process group: Ctrl-C in a terminal reaches only the parent, which stops us
-    _die_with_parent(spec.parent_pid)
+    _die_with_parent(spec.kernel_pid)
     _redirect_stdio(spec.out_path, spec.err_path)
     if _STACK_SIGNAL is not None:
         stack_file = open(spec.stack_path, "w")
         faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
+    _adopt_notebook_state(spec)
     _set_torchrun_environment(spec)
 
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(spec.threads)
+    with contextlib.suppress(Exception):  # read at import; the notebook may have set it since
+        dist.set_debug_level_from_env()
     try:
         fn, args, kwargs = cloudpickle.loads(spec.payload)
         if spec.backend is not None:
-            if spec.backend == "nccl":
-                torch.cuda.set_device(spec.rank)
+            if torch.cuda.is_available() and "nccl" in spec.backend:
+                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.pg_timeout_s))
+        _report(result_conn, (_RESULT_STARTED,))
         result = _call_user_function(fn, args, kwargs)
     except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit included
         sys.stdout.flush()
         sys.stderr.flush()
-        _report(result_conn, (_RESULT_ERROR, type(exc).__name__, str(exc), _user_frames_only(exc)))
+        _report(result_conn, (_RESULT_ERROR, type(exc).__name__, str(exc), _frames_of(exc)))
         os._exit(1)
     try:
         payload = cloudpickle.dumps(result)
     except Exception as exc:  # noqa: BLE001
         reason = (f"fn returned a {type(result).__name__} that cannot be sent back to the notebook "
                   f"({type(exc).__name__}: {exc}). Return plain Python values or tensors instead.")
-        _report(result_conn, (_RESULT_UNSENDABLE, "TypeError", reason, ""))
+        _report(result_conn, (_RESULT_UNSENDABLE, "TypeError", reason, []))
         os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -361,9 +592,42 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
 
 
 # --------------------------------------------------------------------------
-# The parent side
+# The parent side: naming notebook cells
 # --------------------------------------------------------------------------
-def _validate(fn, world_size, timeout, args, kwargs):
+def _cell_number(path: str):
+    """The execution count IPython gave the cell whose code lives in ``path`` (or None)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        return shell.compile._filename_map.get(path) if shell is not None else None
+    except Exception:  # noqa: BLE001 - no IPython, or another version of it
+        return None
+
+
+def _readable_path(path: str) -> str:
+    """A notebook cell's code file as IPython names it ("Cell In[7]"), other paths unchanged."""
+    number = _cell_number(path)
+    return f"Cell In[{number}]" if number is not None else path
+
+
+def _format_traceback(rank, frames) -> str:
+    """IPython's style for cells (`Cell In[7], line 3, in fn`), source lines from the kernel."""
+    lines = [f"Traceback of rank {rank} (most recent call last):\n"]
+    for filename, lineno, name, line in frames:
+        line = line or linecache.getline(filename, lineno).strip()
+        readable = _readable_path(filename)
+        where = readable if readable.startswith("Cell In[") else f'File "{readable}"'
+        lines.append(f"  {where}, line {lineno}, in {name}\n")
+        if line:
+            lines.append(f"    {line}\n")
+    return "".join(lines)
+
+
+# --------------------------------------------------------------------------
+# The parent side: launching and waiting
+# --------------------------------------------------------------------------
+def _validate(fn, world_size, timeout, args, kwargs, startup_timeout):
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
     if world_size < 1:
@@ -375,16 +639,43 @@ def _validate(fn, world_size, timeout, args, kwargs):
                         f"for one argument write args=(x,)")
     if not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    for name, value in (("timeout", timeout), ("startup_timeout", startup_timeout)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def _validate_threads(threads):
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int (intra-op threads per rank), got {threads!r}")
+
+
+@contextlib.contextmanager
+def _without_main_module_import():
+    """Start workers without re-importing the notebook's or script's ``__main__``.
+
+    multiprocessing makes a spawned (or server-forked) child import the parent's main
+    module, which runs a script's top level again (and needs the
+    ``if __name__ == "__main__"`` guard). fn travels by value, so the workers need none of it.
+    """
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+
+    def without_main(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = original
 
 
 def _serialise_call(fn, args, kwargs) -> bytes:
-    """Pickle fn and its arguments by value, as a spawned worker will need them.
-
-    Fork would not need this, but checking on every platform means a function that
-    works on Linux also works on macOS and Windows (which use spawn).
-    """
+    """Pickle fn and its arguments by value, as a worker in another process needs them."""
     try:
         return cloudpickle.dumps((fn, tuple(args), kwargs))
     except Exception as exc:  # noqa: BLE001 - pickling raises many types
@@ -396,40 +687,70 @@ def _serialise_call(fn, args, kwargs) -> bytes:
 
 
 class _LiveView:
-    """Streams the ranks' latest lines into one notebook display while a launch runs.
+    """Shows the ranks' progress in one notebook display while a launch runs.
 
-    The display is emptied at the end, so the stored cell output holds only the
-    ordered transcript printed afterwards (and stays identical from run to run).
+    Text (each rank's latest lines) by default; per-rank progress bars (ipywidgets)
+    once a rank calls ``report_progress``. The display is emptied at the end, so the
+    stored cell output holds only the ordered transcript printed afterwards.
     """
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, world_size: int):
         self.handle = None
+        self.bars = None
+        self.world_size = world_size
         self.last = 0.0
-        if not enabled:
+        if not enabled or not _in_notebook_kernel():
             return
-        try:
-            from IPython import get_ipython
-            from IPython.display import display
-        except ImportError:
-            return
-        shell = get_ipython()
-        if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
-            return
+        from IPython.display import display
+
         self.handle = display({"text/plain": ""}, raw=True, display_id=True)
 
-    def update(self, started, out_paths):
+    def update(self, started, out_paths, progress_paths):
         if self.handle is None or time.monotonic() - self.last < _LIVE_REFRESH_S:
             return
         self.last = time.monotonic()
+        progress = [_read_progress(path) for path in progress_paths]
+        if any(progress) and self._show_bars(progress):
+            return
         lines = [f"running for {time.monotonic() - started:.0f} s ..."]
         for rank, path in enumerate(out_paths):
             tail = _read_text(path).splitlines()[-2:]
             lines += [f"[rank {rank}] {line}" for line in tail]
         self.handle.update({"text/plain": "\n".join(lines)}, raw=True)
 
+    def _show_bars(self, progress) -> bool:
+        try:
+            import ipywidgets as widgets
+        except ImportError:
+            return False
+        if self.bars is None:
+            self.bars = [widgets.IntProgress(min=0, max=1, description=f"rank {rank}")
+                         for rank in range(self.world_size)]
+            self.labels = [widgets.Label("") for _ in range(self.world_size)]
+            rows = [widgets.HBox([bar, label]) for bar, label in zip(self.bars, self.labels)]
+            self.box = widgets.VBox(rows)
+            self.handle.update(self.box)
+        for bar, label, state in zip(self.bars, self.labels, progress):
+            if state:
+                step, total = state
+                bar.max, bar.value = max(total, 1), min(step, max(total, 1))
+                label.value = f"{step} / {total}"
+        return True
+
     def close(self):
         if self.handle is not None:
             self.handle.update({"text/plain": ""}, raw=True)
+        if self.bars is not None:
+            self.box.close()
+            for widget in self.bars + self.labels:
+                widget.close()
+
+
+def _read_progress(path: str):
+    text = _read_text(path).split()
+    if len(text) == 2 and all(part.lstrip("-").isdigit() for part in text):
+        return int(text[0]), int(text[1])
+    return None
 
 
 def _read_text(path: str) -> str:
@@ -463,7 +784,7 @@ def _parse_stack(text: str) -> list[str] | None:
         frames = [match for match in map(_FRAME.match, block.splitlines()) if match]
         frames.reverse()
         # Keep only what runs inside fn (or, before fn starts, inside init_process_group):
-        # a forked worker's stack still shows the parent's frames below ours.
+        # the stack also shows the server's or the kernel's frames below ours.
         for entry_point in ("_call_user_function", "_worker_main"):
             entry = [i for i, frame in enumerate(frames) if frame["func"] == entry_point]
             if entry:
@@ -480,7 +801,9 @@ def _parse_stack(text: str) -> list[str] | None:
             else:
                 readable = _readable_path(path)
                 where = readable if readable.startswith("Cell In[") else f'File "{readable}"'
-                shown.append(f'{where}, line {frame["line"]}, in {frame["func"]}')
+                entry = f'{where}, line {frame["line"]}, in {frame["func"]}'
+                source = linecache.getline(path, int(frame["line"])).strip()
+                shown.append(f"{entry}: {source}" if source else entry)
         return shown
     return None
 
@@ -538,42 +861,46 @@ def launch(
     threads: int | None = None,
     show_output: bool = True,
     live: bool = True,
+    startup_timeout: float = 120,
 ):
     """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return their results in rank order.
 
-    backend: "auto" (NCCL with one GPU per rank if there are enough GPUs, else gloo),
-        "gloo", "nccl", or any backend torch knows.
+    timeout: seconds fn may run, counted from when every rank has entered it.
+    startup_timeout: seconds the ranks may take to start and join the process group.
+    backend: "auto" (gloo; with a GPU per rank "cpu:gloo,cuda:nccl"), "gloo", "nccl",
+        or any backend string torch accepts.
     init_process_group: False leaves ``dist.init_process_group`` to ``fn`` itself
         (the torchrun environment variables are set either way).
-    start_method: None chooses fork where it is safe, else spawn; or force "fork"/"spawn".
+    start_method: None chooses (a launch server on Linux, spawn on macOS/Windows, or
+        $COURSE_START_METHOD); or force "forkserver", "spawn" or "fork".
     threads: intra-op threads per rank (default: the cores divided by world_size).
     show_output: print each rank's output, in rank order, when the launch ends.
-    live: in a notebook, stream the ranks' latest lines while they run.
+    live: in a notebook, show the ranks' progress while they run.
 
     Raises WorkerError when a rank raises or dies (the other ranks are stopped at
-    once), WorkerTimeout when ``timeout`` seconds pass (with every rank's stack),
-    and TypeError/ValueError for bad arguments.
+    once), WorkerTimeout when a time limit passes (with every rank's stack and
+    whether it was inside a collective), and TypeError/ValueError for bad arguments.
     """
     kwargs = {} if kwargs is None else kwargs
-    _validate(fn, world_size, timeout, args, kwargs)
-    method = _choose_start_method(start_method)
+    _validate(fn, world_size, timeout, args, kwargs, startup_timeout)
+    if threads is None:
+        threads = threads_per_rank(world_size)
+    _validate_threads(threads)
+    method = _choose_start_method(start_method, threads)
     if backend == "auto":
         backend = choose_backend(world_size)
     if not init_process_group:
         backend = None
-    if threads is None:
-        threads = threads_per_rank(world_size)
     payload = _serialise_call(fn, args, kwargs)
 
-    ctx = mp.get_context(method)
+    ctx = _server_context() if method == "forkserver" else mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="course_launch_")
-    out_paths = [os.path.join(workdir, f"rank{r}.out") for r in range(world_size)]
-    err_paths = [os.path.join(workdir, f"rank{r}.err") for r in range(world_size)]
-    stack_paths = [os.path.join(workdir, f"rank{r}.stack") for r in range(world_size)]
+    paths = {kind: [os.path.join(workdir, f"rank{r}.{kind}") for r in range(world_size)]
+             for kind in ("out", "err", "stack", "progress")}
     port_holder = _reserve_port()  # 30 learners launching at once on one server never collide
     procs, result_conns, release_conns = [], [], []
-    live_view = _LiveView(live and show_output)
-    started = time.monotonic()
+    live_view = _LiveView(live and show_output, world_size)
+    environment = dict(os.environ)
     succeeded = False
     try:
         for rank in range(world_size):
@@ -585,15 +912,20 @@ def launch(
                 master_port=port_holder.getsockname()[1],
                 backend=backend,
                 payload=payload,
-                out_path=out_paths[rank],
-                err_path=err_paths[rank],
-                stack_path=stack_paths[rank],
+                out_path=paths["out"][rank],
+                err_path=paths["err"][rank],
+                stack_path=paths["stack"][rank],
+                progress_path=paths["progress"][rank],
                 threads=threads,
-                pg_timeout_s=timeout + 60,  # longer than ours: a hang surfaces here, with stacks
-                parent_pid=os.getpid(),
+                # longer than ours: a hang surfaces here, with stacks, not as a gloo timeout
+                pg_timeout_s=startup_timeout + timeout + 60,
+                kernel_pid=os.getpid(),
+                environment=environment,
+                cwd=os.getcwd(),
+                sys_path=list(sys.path),
             )
             proc = ctx.Process(target=_worker_main, args=(spec, result_send, release_recv), daemon=False)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _without_main_module_import():
                 # Python 3.12+ warns on fork in a threaded process; the child replaces its
                 # stdio at once and only runs our worker code, which is the safe pattern.
                 warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
@@ -604,7 +936,8 @@ def launch(
             result_conns.append(result_recv)
             release_conns.append(release_send)
 
-        results = _wait_for_results(procs, result_conns, stack_paths, out_paths, timeout, started, live_view)
+        waiter = _Waiter(procs, result_conns, paths, live_view)
+        results = waiter.wait(timeout, startup_timeout)
         succeeded = True
         for conn in release_conns:
             with contextlib.suppress(OSError):
@@ -616,50 +949,82 @@ def launch(
         for conn in result_conns + release_conns:
             conn.close()
         if show_output:
-            _print_transcript(out_paths, err_paths, world_size)
+            _print_transcript(paths["out"], paths["err"], world_size)
         port_holder.close()
-        for path in out_paths + err_paths + stack_paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        for path in sum(paths.values(), []):
+            for leftover in (path, path + ".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(leftover)
         with contextlib.suppress(OSError):
             os.rmdir(workdir)
 
 
-def _process_died(rank, proc, world_size) -> WorkerError:
-    proc.join(1)
-    reason = f"the worker process {_describe_exit(proc.exitcode)} before returning"
-    return WorkerError(rank, "ProcessDied", reason, "", world_size)
+class _Waiter:
+    """Collects each rank's messages until all have returned, one fails, or time runs out."""
+
+    def __init__(self, procs, result_conns, paths, live_view):
+        self.procs, self.conns, self.paths, self.live_view = procs, result_conns, paths, live_view
+        self.world_size = len(procs)
+        self.results = [None] * self.world_size
+        self.pending = set(range(self.world_size))
+        self.entered = set()  # ranks that have entered fn
+        self.conn_rank = {id(conn): rank for rank, conn in enumerate(result_conns)}
+        self.sentinel_rank = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+
+    def wait(self, timeout, startup_timeout):
+        launched = time.monotonic()
+        fn_deadline = None
+        while self.pending:
+            watched = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
+            for ready in wait_for_any(watched, timeout=0.1):
+                self._handle(ready)
+            now = time.monotonic()
+            if fn_deadline is None and len(self.entered) == self.world_size:
+                fn_deadline = now + timeout
+            if not self.pending:
+                break
+            if fn_deadline is not None and now > fn_deadline:
+                stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"])
+                raise WorkerTimeout(timeout, stacks, set(range(self.world_size)) - self.pending,
+                                    self.world_size)
+            if fn_deadline is None and now > launched + startup_timeout:
+                stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"])
+                raise WorkerTimeout(startup_timeout, stacks, set(self.entered), self.world_size,
+                                    phase="startup")
+            self.live_view.update(launched, self.paths["out"], self.paths["progress"])
+        return self.results
+
+    def _handle(self, ready):
+        rank = self.sentinel_rank[ready] if isinstance(ready, int) else self.conn_rank[id(ready)]
+        if rank not in self.pending:
+            return
+        if isinstance(ready, int):  # the process exited
+            if self.conns[rank].poll():
+                return  # a message (or end-of-pipe) is waiting: the pipe branch reads it
+            raise self._died(rank)
+        try:
+            message = pickle.loads(self.conns[rank].recv_bytes())
+        except EOFError:  # the pipe closed with nothing in it: the process died
+            raise self._died(rank) from None
+        kind = message[0]
+        if kind == _RESULT_STARTED:
+            self.entered.add(rank)
+        elif kind in (_RESULT_ERROR, _RESULT_UNSENDABLE):
+            error_class = UnsendableResult if kind == _RESULT_UNSENDABLE else WorkerError
+            _, exc_type, text, frames = message
+            remote_tb = _format_traceback(rank, frames) if frames else ""
+            raise error_class(rank, exc_type, text, remote_tb, self.world_size)
+        else:
+            self.entered.add(rank)
+            self.results[rank] = cloudpickle.loads(message[1])
+            self.pending.discard(rank)
+
+    def _died(self, rank) -> WorkerError:
+        proc = self.procs[rank]
+        proc.join(1)
+        reason = f"the worker process {_describe_exit(proc.exitcode)} before returning"
+        return WorkerError(rank, "ProcessDied", reason, "", self.world_size)
 
 
-def _wait_for_results(procs, result_conns, stack_paths, out_paths, timeout, started, live_view):
-    world_size = len(procs)
-    results = [None] * world_size
-    pending = set(range(world_size))
-    conn_rank = {id(conn): rank for rank, conn in enumerate(result_conns)}
-    sentinel_rank = {proc.sentinel: rank for rank, proc in enumerate(procs)}
-    deadline = started + timeout
-    while pending:
-        watched = [result_conns[r] for r in pending] + [procs[r].sentinel for r in pending]
-        for ready in wait_for_any(watched, timeout=0.1):
-            rank = sentinel_rank[ready] if isinstance(ready, int) else conn_rank[id(ready)]
-            if rank not in pending:
-                continue
-            if isinstance(ready, int):  # the process exited
-                if result_conns[rank].poll():
-                    continue  # a message (or end-of-pipe) is waiting: the pipe branch reads it
-                raise _process_died(rank, procs[rank], world_size)
-            try:
-                message = pickle.loads(result_conns[rank].recv_bytes())
-            except EOFError:  # the pipe closed with nothing in it: the process died
-                raise _process_died(rank, procs[rank], world_size) from None
-            if message[0] in (_RESULT_ERROR, _RESULT_UNSENDABLE):
-                error_class = UnsendableResult if message[0] == _RESULT_UNSENDABLE else WorkerError
-                _, exc_type, text, remote_tb = message
-                raise error_class(rank, exc_type, text, remote_tb, world_size)
-            results[rank] = cloudpickle.loads(message[1])
-            pending.discard(rank)
-        if pending and time.monotonic() > deadline:
-            stacks = _collect_stacks(procs, pending, stack_paths)
-            raise WorkerTimeout(timeout, stacks, set(range(world_size)) - pending, world_size)
-        live_view.update(started, out_paths)
-    return results
+if _in_notebook_kernel():  # start the launch server while the learner reads the first cells
+    warm_up()

@@ -167,18 +167,154 @@ def only_rank_zero_reduces(folder):
     return "done"
 
 
-def test_hang_reports_every_rank_stack_within_the_timeout(tmp_path):
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_hang_reports_every_rank_stack_within_the_timeout(tmp_path, start_method):
     started = time.monotonic()
     with pytest.raises(WorkerTimeout) as info:
-        launch(only_rank_zero_reduces, 2, args=(str(tmp_path),), timeout=2)
-    assert time.monotonic() - started < 2 + 4
+        launch(only_rank_zero_reduces, 2, args=(str(tmp_path),), timeout=2, start_method=start_method)
+    spent = time.monotonic() - started
+    assert spent < 2 + 4 + (30 if start_method == "spawn" else 0)  # spawn's start-up is not counted
     message = str(info.value)
-    assert info.value.finished == {1}
+    assert info.value.finished == {1} and info.value.phase == "fn"
     assert "rank 1: finished fn, waiting for the other ranks" in message
+    assert "rank 0: inside the collective all_reduce" in message
+    assert info.value.where[0].state == "collective" and info.value.where[0].collective == "all_reduce"
+    assert "never joined" in message
     rank0 = info.value.stacks[0]
     assert "in only_rank_zero_reduces" in rank0[0] and rank0[-1].endswith("in all_reduce")
     pids = read_pids(tmp_path)
     assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+
+
+def busy_forever():
+    total = 0
+    while True:  # no collective anywhere: the ranks are "computing"
+        total += 1
+
+
+def test_a_hang_outside_any_collective_is_not_blamed_on_one():
+    with pytest.raises(WorkerTimeout) as info:
+        launch(busy_forever, 2, timeout=1)
+    message = str(info.value)
+    assert all(info.value.where[rank].state == "computing" for rank in (0, 1)), message
+    assert "No rank was inside a collective" in message
+    assert "rank 0: in its own computation, not in any collective" in message
+
+
+def test_a_slow_start_is_reported_as_such():
+    with pytest.raises(WorkerTimeout) as info:
+        launch(add_args, 2, args=(1, 2), start_method="spawn", startup_timeout=0.2)
+    assert info.value.phase == "startup"
+    assert "did not all start within 0.2 s" in str(info.value)
+
+
+# ---------------------------------------------------------------- many cores, notebook state, GPUs
+def multithreaded_training_step():
+    torch.manual_seed(0)
+    weights = torch.randn(256, 256, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(weights @ weights, torch.zeros(256, dtype=torch.long))
+    loss.backward()
+    return torch.get_num_threads()
+
+
+def test_no_openmp_hang_with_several_threads_after_a_parallel_op_in_the_parent():
+    # A forked worker would hang here: the parent's OpenMP pool does not survive fork.
+    (torch.rand(200_000) / 16).sum()
+    assert launch(multithreaded_training_step, 2, threads=2, timeout=60) == [2, 2]
+
+
+def test_fork_with_several_threads_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="can hang.*OpenMP"):
+        launch(multithreaded_training_step, 2, threads=2, start_method="fork")
+    assert launch(multithreaded_training_step, 2, threads=1, start_method="fork", timeout=60) == [1, 1]
+
+
+def what_the_worker_sees():
+    import importlib
+
+    return {
+        "flag": os.environ.get("COURSE_TEST_FLAG"),
+        "cwd": os.getcwd(),
+        "helper": importlib.import_module("notebook_helpers").answer(),
+        "debug": str(dist.get_debug_level()),
+    }
+
+
+def test_workers_see_the_notebooks_environment_directory_and_path(tmp_path, monkeypatch):
+    (tmp_path / "notebook_helpers.py").write_text("def answer():\n    return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COURSE_TEST_FLAG", "set in a cell")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    seen = launch(what_the_worker_sees, 2, timeout=60)
+    assert seen == [{"flag": "set in a cell", "cwd": str(tmp_path), "helper": 42,
+                     "debug": "DebugLevel.DETAIL"}] * 2
+
+
+def server_pid():
+    return os.getppid()
+
+
+def test_a_change_torch_reads_only_at_import_restarts_the_server(monkeypatch):
+    first = launch(server_pid, 2, timeout=60)
+    assert launch(server_pid, 2, timeout=60) == first  # the same warm server
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+    second = launch(server_pid, 2, timeout=60)
+    assert len(set(second)) == 1 and second != first
+
+
+def reduce_cpu_tensor_and_name_backend():
+    tensor = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(tensor)
+    return tensor.item(), dist.get_backend()
+
+
+def test_a_per_device_backend_group_takes_cpu_tensors():
+    # On a GPU machine "auto" gives "cpu:gloo,cuda:nccl"; NCCL needs a GPU, so CI checks
+    # the same per-device routing with gloo on both sides.
+    results = launch(reduce_cpu_tensor_and_name_backend, 2, backend="cpu:gloo,cuda:gloo", timeout=60)
+    assert [r[0] for r in results] == [3.0, 3.0]
+
+
+def test_auto_backend_adds_nccl_for_cuda_tensors_when_every_rank_has_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert launch_module.choose_backend(4) == "cpu:gloo,cuda:nccl"
+    assert launch_module.choose_backend(8) == "gloo"  # not a GPU per rank
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert launch_module.rank_device() == torch.device("cuda", 3)
+
+
+def progress_then_read_back():
+    from course_lib.launcher import report_progress
+
+    report_progress(3, 5)
+    with open(os.environ["COURSE_PROGRESS_FILE"]) as f:
+        return f.read()
+
+
+def test_progress_reports_reach_the_parent_and_are_harmless_elsewhere(monkeypatch):
+    from course_lib.launcher import report_progress
+
+    assert launch(progress_then_read_back, 2, timeout=60) == ["3 5", "3 5"]
+    monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
+    report_progress(1, 2)  # outside a launch (e.g. under torchrun): nothing happens
+
+
+def test_a_script_without_a_main_guard_works(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from course_lib import launch
+        print("top level runs once")
+        def rank_plus_one():
+            return dist.get_rank() + 1
+        print(launch(rank_plus_one, 2, timeout=60))
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["top level runs once", "[1, 2]"]
 
 
 def start_grandchild_then_fail(folder):
@@ -213,6 +349,10 @@ def test_bad_function_args_and_timeout():
         launch(add_args, 2, args=(1, 2), timeout=0)
     with pytest.raises(ValueError, match="start_method"):
         launch(add_args, 2, args=(1, 2), start_method="forkserver-please")
+    with pytest.raises(ValueError, match="startup_timeout"):
+        launch(add_args, 2, args=(1, 2), startup_timeout=-1)
+    with pytest.raises(ValueError, match="threads"):
+        launch(add_args, 2, args=(1, 2), threads=0)
 
 
 def test_arguments_that_cannot_be_sent():
@@ -234,7 +374,7 @@ def test_cuda_initialised_before_fork(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(ValueError, match="CUDA is already initialised.*start_method='spawn'"):
         launch(add_args, 2, args=(1, 2), start_method="fork")
-    assert launch_module._choose_start_method(None) == "spawn"  # automatic choice avoids fork
+    assert launch_module._choose_start_method(None, 1) != "fork"  # automatic choice avoids fork
 
 
 # ---------------------------------------------------------------- spawn

@@ -35,31 +35,31 @@ def test_function_defined_in_a_cell_runs_on_real_workers():
 
 SLEEPERS = """\
 import os, time
+from pathlib import Path
 import torch.distributed as dist
 from course_lib import launch
 
-def sleeper():
-    print(os.getpid(), flush=True)
+def sleeper(folder):
+    Path(folder, str(dist.get_rank())).write_text(str(os.getpid()))
     time.sleep(120)
 
-launch(sleeper, 3, timeout=300)
+launch(sleeper, 3, args=(FOLDER,), timeout=300)
 """
 
 
-def worker_pids(kernel_pid):
-    return [p.pid for p in psutil.Process(kernel_pid).children(recursive=True)]
+def worker_pids(folder):
+    return [int(p.read_text()) for p in folder.iterdir() if p.read_text().strip()]
 
 
-def test_kernel_interrupt_stops_every_worker():
+def test_kernel_interrupt_stops_every_worker(tmp_path):
     manager, client = start_new_kernel(kernel_name="python3")
     try:
-        kernel_pid = manager.provisioner.process.pid
-        msg_id = client.execute(SLEEPERS)
+        msg_id = client.execute(SLEEPERS.replace("FOLDER", repr(str(tmp_path))))
         deadline = time.monotonic() + 60
-        while len(worker_pids(kernel_pid)) < 3 and time.monotonic() < deadline:
+        while len(worker_pids(tmp_path)) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-        pids = worker_pids(kernel_pid)
-        assert len(pids) >= 3, "workers did not start"
+        pids = worker_pids(tmp_path)
+        assert len(pids) == 3, "workers did not start"
         time.sleep(0.5)
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=30)
@@ -111,3 +111,47 @@ def test_a_long_run_shows_live_progress_then_the_ordered_transcript():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+FAILING_CELL = """\
+import os
+import torch.distributed as dist
+from course_lib import launch, WorkerError, WorkerTimeout
+
+def fails_on_rank_one():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one gives up")
+    return 0
+
+def rank_zero_waits_alone():
+    if dist.get_rank() == 0:
+        dist.barrier()
+
+try:
+    launch(fails_on_rank_one, 2, timeout=60)
+except WorkerError as error:
+    print(error.remote_traceback)
+try:
+    launch(rank_zero_waits_alone, 2, timeout=2)
+except WorkerTimeout as error:
+    print("\\n".join(error.stacks[0]))
+"""
+
+
+def run_cell_with(source, environment):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    NotebookClient(notebook, timeout=180, kernel_name="python3").execute(env=environment)
+    return "".join(o.get("text", "") for o in notebook.cells[0].outputs if o.output_type == "stream")
+
+
+def test_tracebacks_and_stacks_name_notebook_cells_under_every_start_method():
+    import os
+
+    transcripts = {method: run_cell_with(FAILING_CELL, {**os.environ, "COURSE_START_METHOD": method})
+                   for method in ("forkserver", "spawn")}
+    for method, text in transcripts.items():
+        assert "Cell In[1], line 7, in fails_on_rank_one" in text, (method, text)
+        assert 'raise ValueError("rank one gives up")' in text, (method, text)
+        assert "Cell In[1], line 12, in rank_zero_waits_alone: dist.barrier()" in text, (method, text)
+        assert "ipykernel_" not in text, (method, text)
+    assert transcripts["forkserver"] == transcripts["spawn"]
