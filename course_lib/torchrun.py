@@ -188,6 +188,7 @@ def run_agents(script: str | Path, agent_options: list[list[str]], *, script_arg
                stagger_s: float = 0.0, on_started=None) -> TorchrunRun:
     """Start one torchrun agent per entry of ``agent_options`` on ``script``; wait for all of them.
 
+    ``env``: variables to set for the agents (a value of None unsets the variable).
     ``agent_options``: each agent's torchrun options, e.g. ``["--standalone", "--nproc-per-node=2"]``.
     ``stagger_s`` waits between starting agents. ``on_started(agents, folder)`` runs once all are started
     (to kill a worker, for example) and may return while they run. Raises ``TorchrunTimeout`` after
@@ -197,6 +198,7 @@ def run_agents(script: str | Path, agent_options: list[list[str]], *, script_arg
     script = Path(script).resolve()
     folder = Path(tempfile.mkdtemp(prefix="torchrun-"))
     run_env = {**os.environ, **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(folder)}
+    run_env = {key: value for key, value in run_env.items() if value is not None}  # None: unset it
     run_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
         [os.getcwd(), *[p for p in sys.path if p], *run_env.get("PYTHONPATH", "").split(os.pathsep)]))
     agents = [Agent([*TORCHRUN, *options, str(script), *map(str, script_args)], folder / f"agent{i}.log")

@@ -1,0 +1,177 @@
+"""Generate sbatch scripts for a course function and run them on a real Slurm (chapter 04).
+
+``sbatch_script(...)`` writes a batch script in one of the two common forms:
+
+* ``form="torchrun"``: ``srun`` starts one ``torchrun`` agent per node; the agents meet through
+  c10d rendezvous on the first node's address and start ``procs_per_node`` workers each;
+* ``form="srun"``: ``srun`` starts every worker itself; each maps Slurm's ``SLURM_PROCID``,
+  ``SLURM_NTASKS``, ``SLURM_LOCALID`` to ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``.
+
+Both take the head node's address from ``scontrol show node`` (NodeAddr: on clusters whose
+node names don't resolve, as on the course's one-machine cluster, the name would not work),
+check that it resolves, pick a free port on the head node (never a fixed one), and bound every
+wait (``--time`` for the job, a short rendezvous timeout), so a wrong address fails in seconds
+instead of hanging. ``submit`` submits a script with ``sbatch``, waits for it under a timeout and
+cancels the job if the timeout passes. ``cluster_up`` says whether a Slurm controller answers
+(``scripts/slurm_cluster.sh up`` starts the course's local one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .torchrun import _collect, print_outputs
+
+FREE_PORT = ("$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); "
+             "print(s.getsockname()[1])')")
+
+
+def cluster_up(timeout: float = 5) -> bool:
+    """True when ``sinfo`` answers and at least one node is idle or mixed."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return out.returncode == 0 and any(state.startswith(("idle", "mix", "alloc")) for state in out.stdout.split())
+
+
+def why_no_cluster() -> str:
+    if shutil.which("sinfo") is None:
+        return "Slurm is not installed here (start the course's local cluster as root: make slurm-up)"
+    return "no Slurm controller answers (start the course's local cluster as root: make slurm-up)"
+
+
+def node_addresses(timeout: float = 10) -> dict[str, str]:
+    """Each node's NodeAddr, from ``scontrol show node``."""
+    out = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=timeout,
+                         check=True).stdout
+    return dict(re.findall(r"NodeName=(\S+).*?NodeAddr=(\S+)", out))
+
+
+_HEADER = """#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={tasks_per_node}
+#SBATCH --time={time_limit}
+#SBATCH --output={output}
+{gpu_line}set -euo pipefail
+
+# The head node is the first of the job's nodes. Take its address from Slurm: a node's name
+# need not resolve (emulated nodes, some clusters), its NodeAddr does.
+HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+HEAD_ADDR=$(scontrol show node "$HEAD_NODE" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
+getent hosts "$HEAD_ADDR" >/dev/null || {{ echo "cannot resolve the head node's address '$HEAD_ADDR'" >&2; exit 1; }}
+# This batch script runs on the head node: ask it for a free port (a fixed port collides).
+PORT={free_port}
+echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes, head $HEAD_NODE at $HEAD_ADDR:$PORT"
+"""
+
+_TORCHRUN_BODY = """
+# One torchrun agent per node; the agents meet at the head's address (c10d rendezvous) and
+# each starts {procs} workers. --rdzv-id keeps two jobs on one head apart; join_timeout bounds
+# the wait for a node that never arrives.
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\
+    {python} -m torch.distributed.run \\
+    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={procs} \\
+    --rdzv-backend=c10d --rdzv-endpoint="$HEAD_ADDR:$PORT" --rdzv-id="$SLURM_JOB_ID" \\
+    --rdzv-conf=join_timeout={join_timeout} \\
+    {script}
+"""
+
+_SRUN_BODY = """
+# srun starts every worker; each maps its Slurm task ids to the variables torch reads.
+export MASTER_ADDR="$HEAD_ADDR" MASTER_PORT="$PORT"
+srun --kill-on-bad-exit=1 bash -c '
+    export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS
+    export LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE GROUP_RANK=$SLURM_NODEID
+    exec timeout {join_timeout_total} {python} {script}'
+"""
+
+
+def sbatch_script(script: str | Path, nodes: int = 2, procs_per_node: int = 2, *, form: str = "torchrun",
+                  gpus_per_node: int = 0, time_limit: str = "00:05:00", job_name: str = "course",
+                  output: str = "slurm-%j.out", join_timeout: int = 60, python: str | None = None) -> str:
+    """The text of an sbatch script that runs ``script`` on ``nodes`` x ``procs_per_node`` processes."""
+    if form not in ("torchrun", "srun"):
+        raise ValueError(f"form must be 'torchrun' or 'srun', not {form!r}")
+    if nodes < 1 or procs_per_node < 1:
+        raise ValueError("nodes and procs_per_node must be at least 1")
+    python = python or sys.executable
+    header = _HEADER.format(
+        job_name=job_name, nodes=nodes, tasks_per_node=1 if form == "torchrun" else procs_per_node,
+        time_limit=time_limit, output=output, free_port=FREE_PORT,
+        gpu_line=f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else "")
+    body = (_TORCHRUN_BODY if form == "torchrun" else _SRUN_BODY).format(
+        procs=procs_per_node, python=shlex.quote(python), script=shlex.quote(str(script)),
+        join_timeout=join_timeout, join_timeout_total=join_timeout * 4)
+    return header + body
+
+
+@dataclass
+class SlurmJob:
+    job_id: str
+    exit_code: int
+    state: str
+    log: str
+    results: list = field(default_factory=list)
+    outputs: dict = field(default_factory=dict)
+
+
+def _job_info(job_id: str) -> tuple[str, int]:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=10).stdout
+    state = re.search(r"JobState=(\S+)", out)
+    code = re.search(r"ExitCode=(\d+):(\d+)", out)
+    exit_code = (int(code.group(1)) or -int(code.group(2))) if code else -1
+    return (state.group(1) if state else "UNKNOWN"), exit_code
+
+
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+            "DEADLINE", "UNKNOWN")
+
+
+def submit(batch_text: str, *, timeout: float = 180, show_output: bool = True, workdir: str | Path | None = None,
+           env: dict[str, str] | None = None) -> SlurmJob:
+    """Submit with ``sbatch``, wait for the job; return its id, exit code, state, log and ranks' results.
+
+    The job's workers save their results and output through course_lib's torchrun entry point;
+    they are printed in rank order. After ``timeout`` seconds (or an interrupt) the job is cancelled.
+    """
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="slurm-job-"))
+    collect = Path(tempfile.mkdtemp(prefix="slurm-out-"))
+    batch = workdir / "job.sbatch"
+    batch.write_text(batch_text)
+    run_env = {**os.environ, **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(collect)}
+    submitted = subprocess.run(["sbatch", "--parsable", str(batch)], cwd=workdir, env=run_env,
+                               capture_output=True, text=True, timeout=30)
+    if submitted.returncode != 0:
+        raise RuntimeError(f"sbatch refused the job: {submitted.stderr.strip()}")
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    try:
+        while True:  # sbatch --wait polls with a growing interval; ask every half second instead
+            state, code = _job_info(job_id)
+            if state in FINISHED:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} did not finish within {timeout} s (state {state}); cancelled it")
+            time.sleep(0.5)
+    except BaseException:
+        subprocess.run(["scancel", job_id], timeout=10)
+        raise
+    logs = sorted(workdir.glob("slurm-*.out"))
+    log = logs[0].read_text(errors="replace") if logs else ""
+    results, outputs = _collect(collect, 0)
+    if show_output:
+        print_outputs(outputs)
+    return SlurmJob(job_id, code, state, log, results, outputs)
