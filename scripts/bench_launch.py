@@ -2,7 +2,9 @@
 
     python scripts/bench_launch.py [--world-size 4] [--repeats 5]
 
-1. course_lib.launch (fork where safe; what every chapter uses)
+1. course_lib.launch (what every chapter uses): the first launch in a fresh Jupyter
+   kernel (right after `import course_lib`, server start included) and the median of
+   later launches
 2. torch.multiprocessing.spawn with the spawn start method (what the PyTorch
    tutorials use; each worker starts a fresh interpreter and imports torch)
 3. accelerate.notebook_launcher, if accelerate is installed (fork, like ours)
@@ -66,6 +68,30 @@ def time_course_launch(world_size: int) -> float:
     elapsed = time.perf_counter() - started
     assert results == [float(sum(range(world_size)))] * world_size
     return elapsed
+
+
+FIRST_LAUNCH_CELLS = [
+    "import torch, torch.distributed as dist\nfrom course_lib import launch",
+    "import time\n"
+    "def all_reduce_once():\n"
+    "    tensor = torch.tensor([float(dist.get_rank())])\n"
+    "    dist.all_reduce(tensor)\n"
+    "    return tensor.item()\n"
+    "started = time.perf_counter()\n"
+    "launch(all_reduce_once, {world_size}, show_output=False, timeout=120)\n"
+    "print(time.perf_counter() - started)",
+]
+
+
+def time_first_launch_in_a_kernel(world_size: int) -> float:
+    """A learner's first launch: a fresh kernel imports the course, the next cell launches at once."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [nbformat.v4.new_code_cell(source.format(world_size=world_size)) for source in FIRST_LAUNCH_CELLS]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    NotebookClient(notebook, timeout=180, kernel_name="python3").execute()
+    return float(notebook.cells[1].outputs[0]["text"])
 
 
 def time_mp_spawn(world_size: int) -> float:
@@ -146,9 +172,12 @@ def main() -> None:
         quick["accelerate"] = time_accelerate
     except ImportError:
         pass
+    firsts = [time_first_launch_in_a_kernel(n) for _ in range(3)]
     medians, hangs = interleaved_medians(quick, n, repeats)
     spawn_medians, _ = interleaved_medians({"spawn": time_mp_spawn}, n, max(2, repeats // 2))
     ours, spawn = medians["launch"], spawn_medians["spawn"]
+    print(f"course_lib.launch, first       {statistics.median(firsts):8.3f} s   in a fresh kernel right after "
+          f"import (median of 3: {', '.join(f'{t:.2f}' for t in firsts)})")
     print(f"course_lib.launch              {ours:8.3f} s")
     print(f"torch.multiprocessing (spawn)  {spawn:8.3f} s   launch is {spawn / ours:5.1f}x faster")
     if "accelerate" not in quick:
