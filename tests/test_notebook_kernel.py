@@ -155,3 +155,50 @@ def test_tracebacks_and_stacks_name_notebook_cells_under_every_start_method():
         assert "Cell In[1], line 12, in rank_zero_waits_alone: dist.barrier()" in text, (method, text)
         assert "ipykernel_" not in text, (method, text)
     assert transcripts["forkserver"] == transcripts["spawn"]
+
+
+PROGRESS_RUN = """\
+import time
+import torch.distributed as dist
+from course_lib import launch, report_progress
+
+def train(steps):
+    for step in range(1, steps + 1):
+        time.sleep(0.4)
+        report_progress(step, steps)
+    return dist.get_rank()
+
+launch(train, 2, args=(6,), timeout=60)
+"""
+
+
+def test_report_progress_shows_per_rank_progress_bars_while_running_and_nothing_after():
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        msg_id = client.execute(PROGRESS_RUN)
+        widget_updates, bars, last_update, streams = 0, {}, None, []
+        while True:
+            message = client.get_iopub_msg(timeout=60)
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "update_display_data":
+                last_update = content["data"]
+                widget_updates += "application/vnd.jupyter.widget-view+json" in content["data"]
+            elif kind == "comm_msg":
+                state = content["data"].get("state", {})
+                if "description" in state:
+                    bars[content["comm_id"]] = state["description"]
+            elif kind == "comm_open" and content["data"].get("state", {}).get("_model_name") == "IntProgressModel":
+                bars[content["comm_id"]] = content["data"]["state"].get("description")
+            elif kind == "stream":
+                streams.append(content["text"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        assert widget_updates >= 1, "the progress bars were never displayed"
+        assert sorted(bars.values()) == ["rank 0", "rank 1"], bars
+        assert last_update == {"text/plain": ""}  # emptied: the stored output is the transcript only
+        assert "".join(streams) == ""
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
