@@ -13,9 +13,11 @@ while online, with ``torchvision.datasets.MNIST(root, download=True)``.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["load_digits_tensors", "split_train_test", "load_mnist_if_present"]
+__all__ = ["load_digits_tensors", "split_train_test", "load_mnist_if_present", "TaggedWithProcess"]
 
 
 def load_digits_tensors(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,3 +56,20 @@ def load_mnist_if_present(root, train: bool = True, dtype: torch.dtype = torch.f
     X = mnist.data.reshape(len(mnist.data), -1).to(dtype) / 255.0
     y = mnist.targets.to(torch.int64)
     return X, y
+
+
+class TaggedWithProcess(torch.utils.data.Dataset):
+    """A dataset whose samples also say which process loaded them (chapter 03, DataLoader workers).
+
+    ``TaggedWithProcess(dataset)[i]`` is ``(*dataset[i], pid)``. It lives here, importable,
+    because DataLoader worker processes started by spawn or forkserver import it by name.
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return (*self.dataset[index], os.getpid())
