@@ -14,7 +14,7 @@ inside a worker (a function run by ``launch`` or ``torchrun``)::
         audit.count("send")                   # how many sends ran
         audit.bytes_sent                      # bytes this rank sent with send/isend
         audit.collectives()                   # ['all_reduce', ...]: built-in collectives seen
-        audit.ops                             # every op, in order: CommOp(name, bytes, peer, layer)
+        audit.calls                           # every op, in order: CommOp(name, bytes, peer, layer)
         return audit                          # it pickles, so the notebook can inspect it
 
 Why two detectors, and not a wrapper around ``dist.all_reduce``: a wrapper sees one
@@ -54,6 +54,11 @@ What counts as what:
   One direct backend call made next to a dispatcher call of the same kind is therefore
   not counted twice (nor at all): the audit says *whether* a kind ran, exactly how many
   times only for the dispatcher layer.
+
+Why ``audit.calls`` and not ``audit.ops``: cloudpickle, which sends a notebook's function
+to the workers, treats any attribute name the function reads as a possible submodule of
+the modules it uses, so a worker that reads ``x.ops`` and uses ``torch`` tries to pickle
+``torch.ops`` and fails ("cannot pickle '_Ops' object").
 
 Limits, stated so nobody relies on more: both detectors watch the thread that entered
 the ``with`` block (the dispatch mode is thread-local, and so is the profiler's recording
@@ -208,13 +213,13 @@ class CommAudit:
     """Context manager recording the communication that ran on this rank inside it.
 
     ``CommAudit(backend_events=True)``: also run ``torch.profiler`` to catch calls that
-    skip the dispatcher. After the ``with`` block: ``ops``, ``count(name)``,
+    skip the dispatcher. After the ``with`` block: ``calls``, ``count(name)``,
     ``collectives()``, ``sends``, ``recvs``, ``bytes_sent``, ``bytes_received``,
     ``backend_work`` (a Counter of backend event kinds) and ``summary()``.
     """
 
     backend_events: bool = True
-    ops: list = field(default_factory=list)
+    calls: list = field(default_factory=list)
     backend_work: Counter = field(default_factory=Counter)
 
     def __post_init__(self):
@@ -223,7 +228,7 @@ class CommAudit:
 
     # -- recording ---------------------------------------------------------
     def __enter__(self) -> "CommAudit":
-        self.ops.clear()
+        self.calls.clear()
         self.backend_work.clear()
         if self.backend_events:
             if torch.autograd.profiler._is_profiler_enabled:
@@ -233,7 +238,7 @@ class CommAudit:
             self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             with _quiet_stderr():
                 self._profiler.__enter__()
-        self._mode = _DispatcherWatch(self.ops)
+        self._mode = _DispatcherWatch(self.calls)
         self._mode.__enter__()
         return self
 
@@ -252,10 +257,10 @@ class CommAudit:
         return False
 
     def _add_unexplained_backend_work(self) -> None:
-        explained = {_BACKEND_KIND.get(op.name, op.name) for op in self.ops}
+        explained = {_BACKEND_KIND.get(op.name, op.name) for op in self.calls}
         for kind, times in sorted(self.backend_work.items()):
             if kind not in explained:
-                self.ops.extend(CommOp(kind, None, None, "backend") for _ in range(times))
+                self.calls.extend(CommOp(kind, None, None, "backend") for _ in range(times))
 
     def __getstate__(self):  # an audit travels back from a worker; the live objects do not
         state = dict(self.__dict__)
@@ -265,19 +270,19 @@ class CommAudit:
     # -- reading -------------------------------------------------------------
     def count(self, name: str) -> int:
         """How many ops called ``name`` ran ("all_reduce", "send", "recv", ...)."""
-        return sum(op.name == name for op in self.ops)
+        return sum(op.name == name for op in self.calls)
 
     def collectives(self) -> list[str]:
         """Names of the collectives that ran (everything but send/recv), sorted, once each."""
-        return sorted({op.name for op in self.ops if not op.is_point_to_point})
+        return sorted({op.name for op in self.calls if not op.is_point_to_point})
 
     @property
     def sends(self) -> list[CommOp]:
-        return [op for op in self.ops if op.name == "send"]
+        return [op for op in self.calls if op.name == "send"]
 
     @property
     def recvs(self) -> list[CommOp]:
-        return [op for op in self.ops if op.name == "recv"]
+        return [op for op in self.calls if op.name == "recv"]
 
     @property
     def bytes_sent(self) -> int:
@@ -290,6 +295,6 @@ class CommAudit:
 
     def summary(self) -> str:
         """One line: each op name with its count, and the point-to-point bytes."""
-        counts = Counter(op.name for op in self.ops)
+        counts = Counter(op.name for op in self.calls)
         parts = [f"{name} x{counts[name]}" for name in sorted(counts)] or ["no communication"]
         return f"{', '.join(parts)}; sent {self.bytes_sent} B, received {self.bytes_received} B"

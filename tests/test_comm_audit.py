@@ -29,7 +29,7 @@ def _routes():
         "distributed_c10d": lambda: dist.distributed_c10d.all_reduce(t),
         "async work": lambda: dist.all_reduce(t, async_op=True).wait(),
         "ProcessGroup.allreduce": lambda: group.allreduce([t]).wait(),
-        "torch.ops.c10d.allreduce_": lambda: torch.ops.c10d.allreduce_(
+        "torch.calls.c10d.allreduce_": lambda: torch.calls.c10d.allreduce_(
             [t], group.boxed(), dist.ReduceOp(dist.ReduceOp.SUM).boxed(), None, False, -1)[1].wait(),
         "functional collectives": lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", group)),
         "backend object": lambda: group._get_backend(torch.device("cpu")).allreduce([t]).wait(),
@@ -79,11 +79,11 @@ def test_plain_all_reduce_is_counted_once_with_its_bytes(route_audits):
     for audits in route_audits:
         audit = audits["dist.all_reduce"]
         assert audit.count("all_reduce") == 1, audit.summary()
-        assert audit.ops == [CommOp("all_reduce", N * 4, None, "dispatcher")]
+        assert audit.calls == [CommOp("all_reduce", N * 4, None, "dispatcher")]
 
 
 ROUTES = ["dist.all_reduce", "alias", "renamed import", "distributed_c10d", "async work",
-          "ProcessGroup.allreduce", "torch.ops.c10d.allreduce_", "functional collectives",
+          "ProcessGroup.allreduce", "torch.calls.c10d.allreduce_", "functional collectives",
           "backend object", "subgroup"]
 
 
@@ -98,14 +98,14 @@ def test_every_route_to_all_reduce_is_caught(route_audits, route):
 
 def test_the_backend_route_is_seen_through_the_profiler(route_audits):
     audit = route_audits[0]["backend object"]
-    assert [op.layer for op in audit.ops] == ["backend"]
-    assert audit.ops[0].bytes is None and audit.backend_work["all_reduce"] == 1
+    assert [op.layer for op in audit.calls] == ["backend"]
+    assert audit.calls[0].bytes is None and audit.backend_work["all_reduce"] == 1
 
 
 def test_reduce_scatter_is_named_as_such_not_as_gloos_all_reduces(route_audits):
     audit = route_audits[0]["reduce_scatter_tensor"]
     assert audit.collectives() == ["reduce_scatter_tensor"], audit.summary()
-    assert audit.ops[0].bytes == N * 4
+    assert audit.calls[0].bytes == N * 4
 
 
 def test_a_hand_made_ring_shows_only_sends_and_receives():
@@ -134,7 +134,7 @@ def test_no_communication_and_the_audit_pickles():
     assert launch(_nothing, world_size=2, timeout=60, show_output=False) == [
         "no communication; sent 0 B, received 0 B"] * 2
     audit = CommAudit()
-    audit.ops.append(CommOp("send", 8, 1))
+    audit.calls.append(CommOp("send", 8, 1))
     copy = pickle.loads(pickle.dumps(audit))
     assert copy.bytes_sent == 8 and copy.count("send") == 1
 
@@ -170,3 +170,14 @@ def _from_another_thread():
 def test_the_documented_limit_other_threads_are_not_seen():
     # The docstring promises the calling thread only; this keeps the promise honest.
     assert launch(_from_another_thread, world_size=2, timeout=60, show_output=False) == [[], []]
+
+
+def test_a_worker_reading_the_calls_can_be_sent_by_value():
+    import cloudpickle
+
+    def worker():
+        with CommAudit() as audit:
+            torch.ones(1)
+        return audit.calls
+
+    assert cloudpickle.loads(cloudpickle.dumps(worker)) is not None
