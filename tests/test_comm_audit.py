@@ -29,7 +29,7 @@ def _routes():
         "distributed_c10d": lambda: dist.distributed_c10d.all_reduce(t),
         "async work": lambda: dist.all_reduce(t, async_op=True).wait(),
         "ProcessGroup.allreduce": lambda: group.allreduce([t]).wait(),
-        "torch.calls.c10d.allreduce_": lambda: torch.calls.c10d.allreduce_(
+        "torch.ops.c10d.allreduce_": lambda: torch.ops.c10d.allreduce_(
             [t], group.boxed(), dist.ReduceOp(dist.ReduceOp.SUM).boxed(), None, False, -1)[1].wait(),
         "functional collectives": lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", group)),
         "backend object": lambda: group._get_backend(torch.device("cpu")).allreduce([t]).wait(),
@@ -83,7 +83,7 @@ def test_plain_all_reduce_is_counted_once_with_its_bytes(route_audits):
 
 
 ROUTES = ["dist.all_reduce", "alias", "renamed import", "distributed_c10d", "async work",
-          "ProcessGroup.allreduce", "torch.calls.c10d.allreduce_", "functional collectives",
+          "ProcessGroup.allreduce", "torch.ops.c10d.allreduce_", "functional collectives",
           "backend object", "subgroup"]
 
 
