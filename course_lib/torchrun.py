@@ -158,8 +158,11 @@ def _collect(folder: Path, world_hint: int) -> tuple[list, dict]:
     return results, outputs
 
 
-def print_outputs(outputs: dict[tuple[int, int], tuple[str, str]]) -> None:
-    """Each rank's stdout then stderr, prefixed by rank, in rank order, attempt by attempt."""
+def print_outputs(outputs: dict[tuple[int, int], tuple[str, str]], stderr: bool = True) -> None:
+    """Each rank's stdout then stderr, prefixed by rank, in rank order, attempt by attempt.
+
+    ``stderr=False`` leaves out the ranks' stderr (e.g. the errors of a group torchrun restarted).
+    """
     attempts = sorted({attempt for attempt, _ in outputs})
     for attempt in attempts:
         if len(attempts) > 1:
@@ -167,7 +170,7 @@ def print_outputs(outputs: dict[tuple[int, int], tuple[str, str]]) -> None:
         for (_, rank), (out, err) in sorted((k, v) for k, v in outputs.items() if k[0] == attempt):
             for line in out.splitlines():
                 print(f"[rank {rank}] {line}")
-            for line in err.splitlines():
+            for line in err.splitlines() if stderr else ():
                 print(f"[rank {rank}] {line}", file=sys.stderr)
 
 
@@ -247,3 +250,27 @@ def run_torchrun(fn, nproc_per_node: int = 2, args=(), *, options=("--standalone
 def command_line(options, script="train.py") -> str:
     """How a learner would type it in a terminal."""
     return shlex.join(["torchrun", *options, str(script)])
+
+
+def run_command(argv: list[str], timeout: float = 120, env: dict[str, str] | None = None,
+                cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """Run a command (a launcher, a script) with a timeout; on timeout or interrupt stop it and its children."""
+    run_env = {**os.environ, **(env or {})}
+    run_env = {key: value for key, value in run_env.items() if value is not None}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=cwd,
+                            start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(psutil.Error):
+            family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            for member in family:
+                with contextlib.suppress(psutil.Error):
+                    member.terminate()
+            _, alive = psutil.wait_procs(family, timeout=5)
+            for member in alive:
+                with contextlib.suppress(psutil.Error):
+                    member.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
