@@ -67,3 +67,17 @@ def median_of(work: Callable[[], object], repeats: int = 20, warmup: int = 3) ->
     for _ in range(warmup):
         work()
     return statistics.median(seconds(work) for _ in range(repeats))
+
+
+def print_ms_table(title: str, rows: dict[str, dict[int, float]], columns) -> None:
+    """Print seconds as milliseconds, one row per way of doing it, one column per worker count."""
+    print(f"{title:36s}" + "".join(f"{f'n={n}':>9s}" for n in columns))
+    for name, row in rows.items():
+        print(f"{name:36s}" + "".join(f"{row[n] * 1e3:9.2f}" if n in row else f"{'':9s}" for n in columns))
+
+
+def print_speedups(rows: dict[str, dict[int, float]], baseline: float, names) -> None:
+    """For each named row: baseline time / time, per worker count (2.00x = twice as fast)."""
+    for name in names:
+        print(f"{name}: speed-up over the plain step " +
+              ", ".join(f"n={n}: {baseline / t:.2f}x" for n, t in rows[name].items()))
