@@ -8,6 +8,7 @@
 #   make notebook NB=notebooks/01_collectives.ipynb   nbval over one notebook
 #   make execute             re-execute and store every lesson and solution notebook (authors)
 #   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
+#   make browser-deps        Playwright + Chromium, so `make test` also runs every lesson in a real browser
 #
 # CPU-only machine?  make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # installs PyTorch's small CPU wheels instead of the default CUDA build from PyPI.
@@ -22,11 +23,11 @@ NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean
+.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt jupyter/overrides.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
 	  $(PY) -m pip install -c constraints.txt torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
@@ -37,6 +38,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1 || true
 	for ext in formgrader validate_assignment assignment_list course_list; do \
 	  $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || true; done
+	@# The course's JupyterLab settings: no "official Jupyter news" pop-up over the notebook
+	@# on a learner's first open, and no update checks (the lab may be offline).
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
 
 lab: $(STAMP)
@@ -54,6 +59,15 @@ SPAWN_NOTEBOOKS := notebooks/00_preflight.ipynb notebooks/01_collectives.ipynb
 test: $(STAMP)
 	COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL) -v
 	COURSE_START_METHOD=spawn $(PY) -m pytest $(SPAWN_NOTEBOOKS) $(NBVAL) -v
+
+# The browser test's needs (tests/test_browser.py skips without them): Playwright from PyPI
+# and a Chromium; as root on Debian/Ubuntu this installs the distribution's chromium package.
+browser-deps: $(STAMP)
+	$(PY) -m pip install -c constraints.txt -e ".[browser]"
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then echo "Chromium found"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "No Chromium: install your distribution's chromium package (or set COURSE_CHROMIUM)"; exit 1; fi
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -v

@@ -1,0 +1,262 @@
+"""Run notebooks in JupyterLab in a real (headless) browser and read what a learner would see.
+
+Used by tests/test_browser.py. JupyterLab is started from this environment on 127.0.0.1
+with a free port and a known token; Chromium (Debian's package, or any Chromium given by
+$COURSE_CHROMIUM) is driven by Playwright. What a run reports is read from the page's DOM,
+not from the notebook file: cell prompts, rendered outputs, images, widgets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHECK_PASSED, CHECK_FAILED = "\u2714", "\u2718"
+LIVE_VIEW = re.compile(r"running for \d+ s \.\.\.")
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def chromium_path() -> str | None:
+    for candidate in (os.environ.get("COURSE_CHROMIUM"), shutil.which("chromium"),
+                      shutil.which("chromium-browser"), shutil.which("google-chrome")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+def missing_requirements() -> str | None:
+    """Why the browser test cannot run here, or None when it can."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright is not installed (make browser-deps installs it)"
+    if chromium_path() is None:
+        return "no Chromium found (Debian/Ubuntu: apt-get install chromium; or set COURSE_CHROMIUM)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class JupyterLab:
+    """A JupyterLab server on 127.0.0.1 serving ``root``; stopped (with its kernels) on exit."""
+
+    def __init__(self, root: Path):
+        self.root, self.port, self.token = root, _free_port(), secrets.token_hex(16)
+        self.process = None
+
+    def __enter__(self) -> "JupyterLab":
+        command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
+                   f"--port={self.port}", f"--IdentityProvider.token={self.token}",
+                   f"--ServerApp.root_dir={self.root}", "--ServerApp.port_retries=0"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            command.append("--allow-root")
+        self.log = open(self.root / "jupyterlab.log", "w")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{self.url('api/status')}", timeout=2)
+                return self
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError(f"JupyterLab did not start; its log:\n{(self.root / 'jupyterlab.log').read_text()}")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
+
+    def __exit__(self, *exc) -> None:
+        if self.process and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        self.log.close()
+
+
+@dataclass
+class StoredFacts:
+    """What the committed (executed) notebook shows: the browser run must show the same."""
+
+    code_cells: int
+    passed_checks: int
+    images: int
+    widgets: int
+
+    @classmethod
+    def of(cls, notebook_path: Path) -> "StoredFacts":
+        cells = json.loads(notebook_path.read_text())["cells"]
+        code = [c for c in cells if c["cell_type"] == "code"]
+        texts, images, widgets = [], 0, 0
+        for cell in code:
+            for output in cell.get("outputs", []):
+                data = output.get("data", {})
+                texts.append("".join(output.get("text", "")) + "".join(data.get("text/plain", "")))
+                images += "image/png" in data or "image/svg+xml" in data
+                widgets += WIDGET_MIME in data
+        return cls(len(code), sum(t.count(CHECK_PASSED) for t in texts), images, widgets)
+
+
+@dataclass
+class BrowserRun:
+    """What the browser showed for one notebook, and every problem found in it."""
+
+    notebook: str
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    live_view_seen: bool = False
+    widgets_responded: int = 0
+
+
+_READ_PAGE = """() => {
+  const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  const cells = [...panel.querySelectorAll('.jp-Cell.jp-CodeCell')];
+  return cells.map(cell => ({
+    prompt: (cell.querySelector('.jp-InputPrompt') || {}).textContent || '',
+    text: [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent).join('\\n'),
+    stderr: cell.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
+    errors: cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"] pre, .jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]').length,
+    images: [...cell.querySelectorAll('.jp-OutputArea-output img')].map(i => i.complete && i.naturalWidth > 0),
+    widgets: cell.querySelectorAll('.jp-OutputArea-output .jupyter-widgets, .jp-OutputArea-output .widget-container, .jp-OutputArea-output .lm-Widget.jupyter-widgets').length,
+    fallback: [...cell.querySelectorAll('.jp-OutputArea-output')].some(o => /^(IntSlider|FloatSlider|VBox|HBox|interactive|Dropdown)\\(/.test(o.textContent.trim())),
+  }));
+}"""
+
+
+def _run_all(page) -> None:
+    """Run > Run All Cells, from JupyterLab's own menu (as a learner clicks it)."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=30_000)
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click(timeout=30_000)
+
+
+def _kernel_idle(page) -> bool:
+    status = page.locator(".jp-Notebook-ExecutionIndicator, .jp-KernelStatus").first
+    with contextlib.suppress(Exception):
+        title = (status.get_attribute("title") or "") + (status.get_attribute("data-status") or "")
+        if "busy" in title.lower():
+            return False
+    return True
+
+
+def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: Path | None,
+                 timeout_s: float = 600) -> BrowserRun:
+    """Open ``name`` in JupyterLab, Run All, wait for the kernel, and report what the page shows."""
+    run = BrowserRun(name)
+    started = time.monotonic()
+    page.goto(lab.url(f"lab/tree/{name}"))
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+    page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null"
+                           " || document.querySelector('.jp-KernelStatus') !== null", timeout=60_000)
+    time.sleep(2)  # let the kernel connect
+    if shots:
+        page.screenshot(path=str(shots / f"{Path(name).stem}-top.png"))
+    _run_all(page)
+    deadline = time.monotonic() + timeout_s
+    cells = []
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        cells = page.evaluate(_READ_PAGE)
+        if any(LIVE_VIEW.search(c["text"]) for c in cells):
+            run.live_view_seen = True
+        prompts = [c["prompt"].strip() for c in cells]
+        if prompts and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts) and _kernel_idle(page):
+            break
+    else:
+        run.problems.append(f"the notebook did not finish within {timeout_s:.0f} s")
+    run.seconds = time.monotonic() - started
+    _inspect(run, cells, stored)
+    run.widgets_responded = _poke_sliders(page, run)
+    if shots:
+        page.keyboard.press("Control+End")
+        page.evaluate("() => { const n = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                      ".jp-WindowedPanel-outer'); if (n) n.scrollTop = n.scrollHeight; }")
+        time.sleep(1)
+        page.screenshot(path=str(shots / f"{Path(name).stem}-end.png"))
+    return run
+
+
+def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
+    numbers = [int(re.sub(r"\D", "", c["prompt"]) or 0) for c in cells]
+    if len(cells) != stored.code_cells:
+        run.problems.append(f"{len(cells)} code cells on the page, {stored.code_cells} in the notebook")
+    if numbers != sorted(numbers) or len(set(numbers)) != len(numbers) or 0 in numbers:
+        run.problems.append(f"cells did not all run once, in order: prompts {numbers}")
+    text = "\n".join(c["text"] for c in cells)
+    if CHECK_FAILED in text:
+        failed = [line for line in text.splitlines() if CHECK_FAILED in line]
+        run.problems.append(f"a check failed: {failed[0][:200]}")
+    passed = text.count(CHECK_PASSED)
+    if passed != stored.passed_checks:
+        run.problems.append(f"{passed} passed checks on the page, {stored.passed_checks} in the stored notebook")
+    stderr_cells = [i for i, c in enumerate(cells) if c["stderr"]]
+    if stderr_cells:
+        run.problems.append(f"stderr or error output in code cells {stderr_cells}")
+    images = [ok for c in cells for ok in c["images"]]
+    if len(images) != stored.images or not all(images):
+        run.problems.append(f"{sum(images)} figures rendered as images on the page, "
+                            f"{stored.images} in the stored notebook")
+    if any(LIVE_VIEW.search(c["text"]) for c in cells):
+        run.problems.append("a launch's live view was still showing after the run")
+    widgets = sum(c["widgets"] > 0 for c in cells)
+    if any(c["fallback"] for c in cells):
+        run.problems.append("a widget was shown as its text fallback, not as a widget")
+    if stored.widgets and not widgets:
+        run.problems.append(f"the stored notebook has {stored.widgets} widget outputs; none rendered")
+
+
+def _poke_sliders(page, run: BrowserRun) -> int:
+    """Move every slider one step with the keyboard; its output must change (the kernel answered)."""
+    sliders = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider .noUi-handle, "
+                           ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider [role=slider]")
+    responded = 0
+    for index in range(sliders.count()):
+        slider = sliders.nth(index)
+        area = slider.locator("xpath=ancestor::div[contains(@class,'jp-OutputArea-output')][1]")
+        before = area.inner_text() if area.count() else ""
+        with contextlib.suppress(Exception):
+            slider.scroll_into_view_if_needed(timeout=5_000)
+            slider.focus()
+            page.keyboard.press("ArrowRight")
+            for _ in range(20):
+                time.sleep(0.5)
+                if area.count() and area.inner_text() != before:
+                    responded += 1
+                    break
+            else:
+                run.problems.append(f"slider {index} was moved but its output did not change")
+    return responded
+
+
+@contextlib.contextmanager
+def browser_page():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True,
+                                             args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            yield page
+        finally:
+            browser.close()

@@ -1,0 +1,92 @@
+"""Every lesson, run in JupyterLab in headless Chromium, as a learner runs it.
+
+nbval runs kernels without a browser; this test opens each lesson notebook in a real
+JupyterLab, clicks Run > Run All Cells, waits for the kernel, and checks from the page:
+every code cell ran once, in order; as many passed checks as the stored notebook and no
+failed one; no error or stderr output; every figure decoded as an image; the launch's live
+view gone at the end; widgets drawn as widgets, and sliders that answer when moved.
+Screenshots of each notebook's top and end go to $COURSE_SCREENSHOTS (default
+browser-screenshots/, not committed).
+
+Needs Playwright and a Chromium (`make browser-deps`); without them the test is skipped with
+the reason, unless COURSE_REQUIRE_BROWSER=1 (CI), where it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from browser import JupyterLab, StoredFacts, browser_page, missing_requirements, run_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+LESSONS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
+NEWS_PROMPT = "official Jupyter news"
+
+
+def _skip_or_fail_without_a_browser():
+    reason = missing_requirements()
+    if reason:
+        if os.environ.get("COURSE_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"the browser test must run here but cannot: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    _skip_or_fail_without_a_browser()
+    root = tmp_path_factory.mktemp("lab")
+    shutil.copytree(REPO / "notebooks", root / "notebooks")  # the browser's saves never touch the repo
+    with JupyterLab(root / "notebooks") as server, browser_page() as page:
+        yield server, page
+
+
+@pytest.fixture(scope="module")
+def screenshots():
+    folder = Path(os.environ.get("COURSE_SCREENSHOTS", REPO / "browser-screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_lesson_runs_in_jupyterlab_as_stored(lab, screenshots, name):
+    server, page = lab
+    stored = StoredFacts.of(REPO / "notebooks" / name)
+    run = run_notebook(page, server, name, stored, screenshots)
+    assert not run.problems, f"{name} in the browser ({run.seconds:.0f} s):\n" + "\n".join(run.problems)
+    assert NEWS_PROMPT not in page.inner_text("body"), "JupyterLab's news pop-up covers the notebook"
+
+
+def _broken_notebook(folder: Path) -> str:
+    """A notebook whose stored outputs promise what its code no longer does."""
+    stored_check = nbformat.v4.new_output("stream", name="stdout", text="\u2714 the sum: passed\n")
+    stored_figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo=",
+                                                                 "text/plain": "<Figure>"})
+    cells = [
+        nbformat.v4.new_code_cell("print('\\u2718 FAILED the sum: expected 6, got 5')",
+                                  outputs=[stored_check]),
+        nbformat.v4.new_code_cell("import warnings\nwarnings.warn('a deprecated call')"),
+        nbformat.v4.new_code_cell("x = 1  # the figure this cell drew is gone", outputs=[stored_figure]),
+    ]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, folder / "broken.ipynb")
+    return "broken.ipynb"
+
+
+def test_the_browser_check_catches_a_broken_notebook(tmp_path):
+    _skip_or_fail_without_a_browser()
+    name = _broken_notebook(tmp_path)
+    stored = StoredFacts.of(tmp_path / name)
+    with JupyterLab(tmp_path) as server, browser_page() as page:
+        run = run_notebook(page, server, name, stored, None, timeout_s=120)
+    found = "\n".join(run.problems)
+    assert "a check failed: \u2718 FAILED the sum" in found, found
+    assert "0 passed checks on the page, 1 in the stored notebook" in found, found
+    assert "stderr or error output in code cells [1]" in found, found
+    assert "0 figures rendered as images on the page, 1 in the stored notebook" in found, found
