@@ -8,6 +8,7 @@
 #   make notebook NB=notebooks/01_collectives.ipynb   nbval over one notebook
 #   make execute             re-execute and store every lesson and solution notebook (authors)
 #   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
+#   make site                the executed lessons as static HTML in site/ (index = this README)
 #   make browser-deps        Playwright + Chromium, so `make test` also runs every lesson in a real browser
 #
 # CPU-only machine?  make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -23,7 +24,7 @@ NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps
+.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site
 
 setup: $(STAMP)
 
@@ -83,6 +84,10 @@ execute: $(STAMP)
 
 exercises: $(STAMP)
 	$(PY) scripts/make_exercises.py
+
+# The executed lessons as a static HTML site (site/index.html), for an instructor to host.
+site: $(STAMP)
+	$(PY) scripts/build_site.py --out site
 
 bench: $(STAMP)
 	$(PY) scripts/bench_launch.py

@@ -90,3 +90,27 @@ def test_the_browser_check_catches_a_broken_notebook(tmp_path):
     assert "0 passed checks on the page, 1 in the stored notebook" in found, found
     assert "stderr or error output in code cells [1]" in found, found
     assert "0 figures rendered as images on the page, 1 in the stored notebook" in found, found
+
+
+def test_the_static_site_opens_and_links_to_every_chapter(tmp_path):
+    _skip_or_fail_without_a_browser()
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    build = subprocess.run([sys.executable, str(REPO / "scripts" / "build_site.py"), "--out", str(site)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr
+    with browser_page() as page:
+        page.goto((site / "index.html").as_uri())
+        links = page.locator("#chapters a")
+        assert links.count() == len(LESSONS)
+        assert [links.nth(i).get_attribute("href") for i in range(links.count())] == [
+            name.replace(".ipynb", ".html") for name in LESSONS]
+        links.nth(1).click()  # the first chapter with figures and checks
+        page.wait_for_load_state("load")
+        assert page.url.endswith(LESSONS[1].replace(".ipynb", ".html"))
+        stored = StoredFacts.of(REPO / "notebooks" / LESSONS[1])
+        decoded = page.evaluate("() => [...document.images].filter(i => i.complete && i.naturalWidth > 0).length")
+        assert decoded >= stored.images > 0
+        assert page.inner_text("body").count("\u2714") >= stored.passed_checks
