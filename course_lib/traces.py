@@ -84,5 +84,5 @@ def plot_traces(events_per_rank, compute=("forward", "backward", "optimizer"), t
     """Draw every rank's computation (top lane) and communication (bottom lane)."""
     from .timeline import plot_timeline
 
-    colours = {"optimizer": "#55A868", "step": "#55A868"}
+    colours = {"optimizer": "#55A868", "step": "#55A868", "data": "#937860"}
     return plot_timeline(trace_spans(events_per_rank, compute), ax=ax, title=title, colours=colours)
