@@ -24,7 +24,7 @@ NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site
+.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down
 
 setup: $(STAMP)
 
@@ -91,6 +91,13 @@ site: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench_launch.py
+
+# A real Slurm cluster on this machine for chapter 04 (root; Debian/Ubuntu): two emulated nodes.
+slurm-up:
+	scripts/slurm_cluster.sh up
+
+slurm-down:
+	scripts/slurm_cluster.sh down
 
 clean:
 	rm -rf $(VENV) *.egg-info
