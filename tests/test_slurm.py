@@ -1,0 +1,91 @@
+"""course_lib.slurm: the generated sbatch scripts, and jobs run on the local Slurm cluster.
+
+The job tests need a Slurm controller (``make slurm-up`` as root starts the course's one-machine
+cluster); without one they skip and say why, unless ``COURSE_REQUIRE_SLURM=1`` (CI) makes that a
+failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import slurm
+from course_lib.torchrun_script import write_torchrun_script
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def where_am_i():
+    ones = torch.ones(1)
+    dist.all_reduce(ones)
+    return {name: int(os.environ[name]) for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")} | {
+        "sum": ones.item(), "node": os.environ.get("SLURMD_NODENAME")}
+
+
+@pytest.fixture
+def cluster():
+    if not slurm.cluster_up():
+        if os.environ.get("COURSE_REQUIRE_SLURM") == "1":
+            pytest.fail("COURSE_REQUIRE_SLURM=1 but " + slurm.why_no_cluster())
+        pytest.skip(slurm.why_no_cluster())
+
+
+@pytest.mark.parametrize("form", ["torchrun", "srun"])
+def test_generated_scripts_bound_every_wait_and_use_no_fixed_port(form, tmp_path):
+    text = slurm.sbatch_script(tmp_path / "train.py", nodes=3, procs_per_node=4, form=form, gpus_per_node=4)
+    assert "#SBATCH --nodes=3" in text and "#SBATCH --time=" in text and "#SBATCH --gpus-per-node=4" in text
+    assert f"#SBATCH --ntasks-per-node={1 if form == 'torchrun' else 4}" in text
+    assert "29500" not in text and "29400" not in text and "MASTER_PORT=1" not in text
+    assert "NodeAddr" in text and "getent hosts" in text
+    if form == "torchrun":
+        assert "--rdzv-backend=c10d" in text and "--nproc-per-node=4" in text and "join_timeout=" in text
+    else:
+        assert "RANK=$SLURM_PROCID" in text and "WORLD_SIZE=$SLURM_NTASKS" in text and "LOCAL_RANK=$SLURM_LOCALID" in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True, timeout=10)  # valid shell
+
+
+def test_bad_arguments_say_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match="form must be"):
+        slurm.sbatch_script(tmp_path / "x.py", form="mpirun")
+    with pytest.raises(ValueError, match="at least 1"):
+        slurm.sbatch_script(tmp_path / "x.py", nodes=0)
+
+
+@pytest.mark.parametrize("form", ["torchrun", "srun"])
+def test_a_two_node_job_forms_one_world(form, cluster, tmp_path):
+    script = write_torchrun_script(where_am_i, tmp_path / "where_am_i.py")
+    started = time.monotonic()
+    job = slurm.submit(slurm.sbatch_script(script, 2, 2, form=form, join_timeout=30), timeout=240,
+                       show_output=False, workdir=tmp_path)
+    assert (job.state, job.exit_code) == ("COMPLETED", 0), job.log
+    assert [(r["RANK"], r["GROUP_RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["sum"]) for r in job.results] == [
+        (0, 0, 0, 4, 4.0), (1, 0, 1, 4, 4.0), (2, 1, 0, 4, 4.0), (3, 1, 1, 4, 4.0)]
+    assert len({r["node"] for r in job.results}) == 2, "the ranks should run on two Slurm nodes"
+    print(f"{form} job: {time.monotonic() - started:.1f} s")
+
+
+def test_an_address_that_does_not_resolve_fails_fast(cluster, tmp_path):
+    script = write_torchrun_script(where_am_i, tmp_path / "where_am_i.py")
+    text = slurm.sbatch_script(script, 2, 1, form="srun")
+    text = re.sub(r"^HEAD_ADDR=.*$", "HEAD_ADDR=n1.invalid", text, flags=re.MULTILINE)
+    started = time.monotonic()
+    job = slurm.submit(text, timeout=120, show_output=False, workdir=tmp_path)
+    assert job.state == "FAILED" and job.exit_code != 0
+    assert "cannot resolve the head node's address 'n1.invalid'" in job.log
+    assert time.monotonic() - started < 60
+
+
+def test_the_cluster_script_is_idempotent(cluster):
+    if os.geteuid() != 0:
+        pytest.skip("scripts/slurm_cluster.sh needs root")
+    done = subprocess.run([str(REPO / "scripts" / "slurm_cluster.sh"), "up"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "already up" in done.stdout, done.stdout + done.stderr
