@@ -17,7 +17,7 @@ import math
 import torch
 
 __all__ = ["LAYOUTS", "DOCUMENTED_CUDA_FP32_OPS", "bit_fields", "draw_bit_layouts", "draw_ranges",
-           "draw_scale_sweep", "plot_loss_curves", "tensor_bytes"]
+           "draw_scale_sweep", "show_scaled_gradients", "loss_scale_explorer", "plot_loss_curves", "tensor_bytes"]
 
 # (sign, exponent, mantissa) bits of each format: IEEE 754 binary32 and binary16, and bfloat16,
 # which keeps binary32's 8 exponent bits and cuts the mantissa to 7.
@@ -122,6 +122,41 @@ def draw_scale_sweep(exponents: list[int], underflow_share: list[float], overflo
            title="fp16 backward of a trained model: what the loss scale saves and what it breaks")
     ax.legend(fontsize=8)
     plt.show()
+
+
+def show_scaled_gradients(scaled_gradients, k: int) -> None:
+    """Chapter 06: histogram of log2 |gradient| from an fp16 backward at loss scale 2^k, with fp16's limits marked.
+
+    ``scaled_gradients(scale)`` runs the backward of ``loss * scale`` and returns the gradients
+    before unscaling. Prints the shares that are 0 and inf/NaN.
+    """
+    import matplotlib.pyplot as plt
+
+    grads = scaled_gradients(2.0 ** k).detach().double().cpu()
+    finite_nonzero = grads[torch.isfinite(grads) & (grads != 0)].abs()
+    zeros, bad = (grads == 0).float().mean().item(), (~torch.isfinite(grads)).float().mean().item()
+    print(f"loss scale 2^{k}: {100 * zeros:.3f}% of the gradient values are 0 (with those that are 0 in fp32 "
+          f"too, e.g. of inactive ReLU units), {100 * bad:.2f}% inf/NaN")
+    fig, ax = plt.subplots(figsize=(7, 2.4), dpi=80)
+    ax.hist(torch.log2(finite_nonzero).numpy(), bins=60, color="#5e3c99")
+    info = torch.finfo(torch.float16)
+    for edge, label in ((math.log2(info.smallest_normal) - LAYOUTS[torch.float16][2], "smallest subnormal"),
+                        (math.log2(info.smallest_normal), "smallest normal"), (math.log2(info.max), "max")):
+        ax.axvline(edge, color="#e66101", ls="--", lw=1)
+        ax.text(edge, ax.get_ylim()[1] * 0.9, " " + label, fontsize=7, color="#e66101")
+    ax.set(xlim=(-40, 20), xlabel="log2 |scaled gradient|", ylabel="count",
+           title=f"fp16 backward at loss scale 2^{k}: {100 * zeros:.2f}% zeros, {100 * bad:.2f}% inf/NaN")
+    plt.show()
+
+
+def loss_scale_explorer(scaled_gradients, exponents=range(0, 33, 2)):
+    """A slider over k; each change runs the fp16 backward at loss scale 2^k and redraws."""
+    import ipywidgets as widgets
+
+    exponents = list(exponents)
+    return widgets.interact(lambda k: show_scaled_gradients(scaled_gradients, k),
+                            k=widgets.SelectionSlider(options=exponents, value=exponents[len(exponents) // 2],
+                                                      continuous_update=False, description="log2 S"))
 
 
 def plot_loss_curves(curves: dict[str, list[float]], ylabel: str = "mean training loss") -> None:
