@@ -103,7 +103,7 @@ class TorchrunRun:
         return sorted({attempt for attempt, _ in self.outputs})
 
 
-def _stop(agents: list[Agent], folder: Path, grace_s: float = 10.0) -> None:
+def _stop(agents: list[Agent], folder: Path, grace_s: float = 3.0) -> None:
     """SIGTERM each agent (torchrun then stops its workers), then SIGKILL whatever is left."""
     family: list[psutil.Process] = []
     for agent in agents:
