@@ -70,9 +70,9 @@ def _definitions(source: str, where: str) -> list[str]:
     return keep
 
 
-def load_cell(notebook: str, index: int, folder: Path):
+def load_cell(notebook: str, index: int, folder: Path, notebooks: Path = REPO / "notebooks"):
     """The marked cell's module (defined after the earlier cells' definitions) and its function names."""
-    cells = json.loads((REPO / "notebooks" / notebook).read_text())["cells"]
+    cells = json.loads((notebooks / notebook).read_text())["cells"]
     pieces = []
     for i, cell in enumerate(cells[: index + 1]):
         if cell["cell_type"] == "code":
@@ -125,6 +125,22 @@ def test_the_scan_finds_the_marked_cells():
     assert all(nb.endswith(".ipynb") for nb, _ in CELLS)
     if not CELLS:
         pytest.skip("no notebook cell claims to run unchanged under torchrun")
+
+
+def test_a_marked_cell_that_is_not_ready_fails_loudly(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from course_lib.torchrun_script import write_torchrun_script
+
+    cells = [new_code_cell("import torch\nWEIGHTS = torch.ones(3)  # a tensor made in the notebook"),
+             new_code_cell(MARK + "\ndef uses_notebook_state():\n    return WEIGHTS * 2\n")]
+    nbformat.write(new_notebook(cells=cells), tmp_path / "fake.ipynb")
+    module, names = load_cell("fake.ipynb", 1, tmp_path, notebooks=tmp_path)
+    assert names == ["uses_notebook_state"]
+    module.WEIGHTS = __import__("torch").ones(3)  # what running the first cell would have made
+    with pytest.raises(TypeError, match="WEIGHTS.*pass it in through args"):
+        write_torchrun_script(module.uses_notebook_state, tmp_path / "x.py")
 
 
 @pytest.mark.parametrize(("notebook", "index"), CELLS, ids=[f"{nb}-cell{i}" for nb, i in CELLS])
