@@ -65,7 +65,7 @@ def wait_for(folder, world, after, timeout):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--last-call", type=float, default=None, help="last_call_timeout (default: torch's, 30 s)")
+    parser.add_argument("--last-call", type=int, default=None, help="last_call_timeout (default: torch's, 30 s)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="membership-"))
     script = write_torchrun_script(log_steps, folder / "log_steps.py", args=(str(folder),))
