@@ -36,7 +36,8 @@ def _draw_state(ax, masks, n_ranks, title, show_ranks=True):
     ax.imshow(counts, cmap="YlGnBu", vmin=0, vmax=n_ranks)
     for r, row in enumerate(masks):
         for c, mask in enumerate(row):
-            ax.text(c, r, _label(mask, n_ranks), ha="center", va="center", fontsize=7,
+            text = _label(mask, n_ranks)
+            ax.text(c, r, text, ha="center", va="center", fontsize=7 if len(text) < 5 else 5.5,
                     color="white" if counts[r, c] > n_ranks / 2 else "black")
     ax.set_xticks(range(len(masks[0])), [f"c{c}" for c in range(len(masks[0]))], fontsize=7)
     ax.set_yticks(range(len(masks)), [f"rank {r}" if show_ranks else "" for r in range(len(masks))], fontsize=7)
@@ -47,7 +48,7 @@ def draw_ring_states(states, n_ranks: int) -> None:
     """Every step side by side, and each state printed as text."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(states), figsize=(1.6 * len(states), 1.9), dpi=80)
+    fig, axes = plt.subplots(1, len(states), figsize=(1.9 * len(states), 2.1), dpi=80)
     for i, (ax, (label, masks)) in enumerate(zip(axes, states)):
         _draw_state(ax, masks, n_ranks, label, show_ranks=(i == 0))
         print(f"{label:>18}: " + " | ".join(
