@@ -65,6 +65,10 @@ def _course_entry():
         _dist.init_process_group("cpu:gloo,cuda:nccl" if use_nccl else "gloo")
     try:
         result = {name}(*{args})
+        if _dist.is_available() and _dist.is_initialized():
+            # every rank reaches this point before any rank tears the group down: a rank that
+            # finished first would otherwise close connections its peers are still setting up
+            _dist.barrier()
         if collect:
             partial = os.path.join(collect, f"result{{rank}}.pt.partial")
             torch.save(result, partial)
