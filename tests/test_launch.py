@@ -130,15 +130,16 @@ def rank_one_raises(folder):
     Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
     if dist.get_rank() == 1:
         time.sleep(0.5)
+        Path(folder, "raised_at").write_text(repr(time.time()))
         raise ValueError("rank 1 cannot continue")
     time.sleep(120)
 
 
 def test_failing_rank_is_reported_fast_and_the_others_stopped(tmp_path):
-    started = time.monotonic()
     with pytest.raises(WorkerError) as info:
         launch(rank_one_raises, 4, args=(str(tmp_path),), timeout=60)
-    assert time.monotonic() - started < 0.5 + 2.0
+    # from the raise to the notebook's exception, with every other rank stopped by then
+    assert time.time() - float((tmp_path / "raised_at").read_text()) < 2.0
     error = info.value
     assert error.rank == 1 and error.exc_type == "ValueError"
     assert "rank 1 failed with ValueError: rank 1 cannot continue" in str(error)
@@ -393,7 +394,8 @@ def test_spawn_sends_a_closure_by_value():
 def one_learner(start_barrier, results):
     start_barrier.wait()
     try:
-        results.put(launch(report_environment, 2, timeout=120, show_output=False)[0]["sum"])
+        # threads=1: 32 ranks share the machine; this test is about ports and processes
+        results.put(launch(report_environment, 2, timeout=120, threads=1, show_output=False)[0]["sum"])
     except Exception as exc:  # noqa: BLE001 - report to the test
         results.put(repr(exc))
 
@@ -404,7 +406,7 @@ def test_sixteen_simultaneous_launches_all_succeed():
     learners = [ctx.Process(target=one_learner, args=(barrier, results)) for _ in range(16)]
     for learner in learners:
         learner.start()
-    outcomes = [results.get(timeout=180) for _ in learners]
+    outcomes = [results.get(timeout=400) for _ in learners]
     for learner in learners:
         learner.join(30)
     assert outcomes == [3.0] * 16
