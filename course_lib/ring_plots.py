@@ -108,6 +108,7 @@ def draw_cost_model(naive, ring, size_bytes, alpha, beta, ranks=(2, 4, 8, 16, 32
     ax.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="ms",
            title=f"all-reduce of {size_bytes / 1e6:g} MB, α–β model")
     ax.set_xticks(list(ranks), [str(n) for n in ranks])
+    ax.minorticks_off()  # log-axis minor labels would overprint the rank counts
     ax.legend(fontsize=7)
     fig.tight_layout()
     plt.show()
