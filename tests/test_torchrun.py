@@ -48,7 +48,16 @@ def hangs():
 
 
 def _descendants_of_this_process():
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    """torchrun agents and their workers still running (launch's own warm server may stay)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "torch.distributed.run" in cmdline or "torchrun-script-" in cmdline:
+            found.append(proc)
+    return found
 
 
 def test_helpers_constants_and_tensors_travel_with_the_function():
