@@ -91,6 +91,7 @@ site: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench_launch.py
+	$(PY) scripts/bench_ring.py
 
 # A real Slurm cluster on this machine for chapter 04 (root; Debian/Ubuntu): two emulated nodes.
 slurm-up:
