@@ -28,7 +28,7 @@ LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt jupyter/overrides.json
+$(STAMP): pyproject.toml constraints.txt jupyter/overrides.json jupyter/ipython_kernel_config.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
 	  $(PY) -m pip install -c constraints.txt torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
@@ -43,6 +43,9 @@ $(STAMP): pyproject.toml constraints.txt jupyter/overrides.json
 	@# on a learner's first open, and no update checks (the lab may be offline).
 	mkdir -p $(VENV)/share/jupyter/lab/settings
 	cp jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	@# Kernels start the launch server as they start, so a learner's first launch is fast.
+	mkdir -p $(VENV)/etc/ipython
+	cp jupyter/ipython_kernel_config.py $(VENV)/etc/ipython/ipython_kernel_config.py
 	@touch $(STAMP)
 
 lab: $(STAMP)

