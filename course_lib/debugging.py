@@ -49,12 +49,21 @@ def py_spy_dump(pid: int, timeout: float = 20.0) -> tuple[bool, str]:
     except subprocess.TimeoutExpired:
         return False, f"py-spy did not answer within {timeout:g} s."
     if run.returncode == 0:
-        return True, run.stdout
+        return True, _readable_dump(run.stdout)
     reason = (run.stderr or run.stdout).strip().splitlines()
     reason = reason[-1] if reason else f"exit code {run.returncode}"
     if "ermission" in reason or "ptrace" in reason.lower() or "root" in reason:
         return False, f"{reason}\n{PTRACE_HELP}"
     return False, f"py-spy failed: {reason}"
+
+
+def _readable_dump(text: str) -> str:
+    """py-spy's dump without terminal colours, and without the long command line of a worker
+    (a worker forked from the launch server carries the server's command line)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    return re.sub(r"^(Process \d+): .*$", r"\1: a launch worker", text, count=1, flags=re.M)
 
 
 def wait_for_file(path, timeout: float = 30.0) -> str | None:
