@@ -63,6 +63,7 @@ def _readable_dump(text: str) -> str:
     import re
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    text = re.sub(r"^(Python v[\d.]+) \(.*\)$", r"\1", text, count=1, flags=re.M)  # no machine paths
     return re.sub(r"^(Process \d+): .*$", r"\1: a launch worker", text, count=1, flags=re.M)
 
 

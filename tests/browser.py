@@ -63,7 +63,9 @@ class JupyterLab:
     def __enter__(self) -> "JupyterLab":
         command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
                    f"--port={self.port}", f"--IdentityProvider.token={self.token}",
-                   f"--ServerApp.root_dir={self.root}", "--ServerApp.port_retries=0"]
+                   f"--ServerApp.root_dir={self.root}", "--ServerApp.port_retries=0",
+                   # its own workspace: no tabs restored from another lab or an earlier run
+                   f"--LabApp.workspaces_dir={self.root / '.workspaces'}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             command.append("--allow-root")
         self.log = open(self.root / "jupyterlab.log", "w")
@@ -164,8 +166,8 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     """Open ``name`` in JupyterLab, Run All, wait for the kernel, and report what the page shows."""
     run = BrowserRun(name)
     started = time.monotonic()
-    page.goto(lab.url(f"lab/tree/{name}"))
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+    page.goto(lab.url(f"lab/tree/{name}") + "&reset")  # only this notebook open
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=120_000)
     page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null"
                            " || document.querySelector('.jp-KernelStatus') !== null", timeout=60_000)
     time.sleep(2)  # let the kernel connect
