@@ -139,7 +139,9 @@ _READ_PAGE = """() => {
     text: [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent).join('\\n'),
     stderr: cell.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
     errors: cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"] pre, .jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]').length,
-    images: [...cell.querySelectorAll('.jp-OutputArea-output img')].map(i => i.complete && i.naturalWidth > 0),
+    // figures a live widget draws (an explorer's current view) are not stored as images
+    images: [...cell.querySelectorAll('.jp-OutputArea-output img')].filter(i => !i.closest('.jupyter-widgets'))
+              .map(i => i.complete && i.naturalWidth > 0),
     widgets: cell.querySelectorAll('.jp-OutputArea-output .jupyter-widgets, .jp-OutputArea-output .widget-container, .jp-OutputArea-output .lm-Widget.jupyter-widgets').length,
     fallback: [...cell.querySelectorAll('.jp-OutputArea-output')].some(o => /^(IntSlider|FloatSlider|VBox|HBox|interactive|Dropdown)\\(/.test(o.textContent.trim())),
   }));

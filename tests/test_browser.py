@@ -38,11 +38,17 @@ def _skip_or_fail_without_a_browser():
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def page():
     _skip_or_fail_without_a_browser()
+    with browser_page() as page:  # one browser for the module (Playwright's sync API does not nest)
+        yield page
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, page):
     root = tmp_path_factory.mktemp("lab")
     shutil.copytree(REPO / "notebooks", root / "notebooks")  # the browser's saves never touch the repo
-    with JupyterLab(root / "notebooks") as server, browser_page() as page:
+    with JupyterLab(root / "notebooks") as server:
         yield server, page
 
 
@@ -79,11 +85,10 @@ def _broken_notebook(folder: Path) -> str:
     return "broken.ipynb"
 
 
-def test_the_browser_check_catches_a_broken_notebook(tmp_path):
-    _skip_or_fail_without_a_browser()
+def test_the_browser_check_catches_a_broken_notebook(tmp_path, page):
     name = _broken_notebook(tmp_path)
     stored = StoredFacts.of(tmp_path / name)
-    with JupyterLab(tmp_path) as server, browser_page() as page:
+    with JupyterLab(tmp_path) as server:
         run = run_notebook(page, server, name, stored, None, timeout_s=120)
     found = "\n".join(run.problems)
     assert "a check failed: \u2718 FAILED the sum" in found, found
@@ -92,8 +97,7 @@ def test_the_browser_check_catches_a_broken_notebook(tmp_path):
     assert "0 figures rendered as images on the page, 1 in the stored notebook" in found, found
 
 
-def test_the_static_site_opens_and_links_to_every_chapter(tmp_path):
-    _skip_or_fail_without_a_browser()
+def test_the_static_site_opens_and_links_to_every_chapter(tmp_path, page):
     import subprocess
     import sys
 
@@ -101,16 +105,15 @@ def test_the_static_site_opens_and_links_to_every_chapter(tmp_path):
     build = subprocess.run([sys.executable, str(REPO / "scripts" / "build_site.py"), "--out", str(site)],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
-    with browser_page() as page:
-        page.goto((site / "index.html").as_uri())
-        links = page.locator("#chapters a")
-        assert links.count() == len(LESSONS)
-        assert [links.nth(i).get_attribute("href") for i in range(links.count())] == [
-            name.replace(".ipynb", ".html") for name in LESSONS]
-        links.nth(1).click()  # the first chapter with figures and checks
-        page.wait_for_load_state("load")
-        assert page.url.endswith(LESSONS[1].replace(".ipynb", ".html"))
-        stored = StoredFacts.of(REPO / "notebooks" / LESSONS[1])
-        decoded = page.evaluate("() => [...document.images].filter(i => i.complete && i.naturalWidth > 0).length")
-        assert decoded >= stored.images > 0
-        assert page.inner_text("body").count("\u2714") >= stored.passed_checks
+    page.goto((site / "index.html").as_uri())
+    links = page.locator("#chapters a")
+    assert links.count() == len(LESSONS)
+    assert [links.nth(i).get_attribute("href") for i in range(links.count())] == [
+        name.replace(".ipynb", ".html") for name in LESSONS]
+    links.nth(1).click()  # the first chapter with figures and checks
+    page.wait_for_load_state("load")
+    assert page.url.endswith(LESSONS[1].replace(".ipynb", ".html"))
+    stored = StoredFacts.of(REPO / "notebooks" / LESSONS[1])
+    decoded = page.evaluate("() => [...document.images].filter(i => i.complete && i.naturalWidth > 0).length")
+    assert decoded >= stored.images > 0
+    assert page.inner_text("body").count("\u2714") >= stored.passed_checks
