@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from .comm_audit import _tensor_bytes  # bytes of a tensor or a (nested) list of them
 
 __all__ = ["CollectiveCounter", "SavedTensorMeter", "plot_pipeline", "bubble_fraction", "schedule_slider"]
 
@@ -49,14 +50,6 @@ _OP_NAMES = {
     "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
     "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "barrier": "barrier",
 }
-
-
-def _tensor_bytes(value) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
 
 
 class CollectiveCounter(TorchDispatchMode):
