@@ -5,7 +5,8 @@
 (that is ``torchrun``) as a subprocess and returns each rank's return value in rank order.
 Each rank's output is printed afterwards, prefixed ``[rank r]``, in rank order (and per
 restart attempt when torchrun restarted the workers). ``run_agents`` starts several torchrun
-agents at once (two "nodes" on one machine).
+agents at once (two "nodes" on one machine); ``Nodes`` starts them one at a time, while the job
+runs (elastic membership).
 
 Promises: every agent has a timeout; on a failure, a timeout or an interrupt every agent and
 every worker it started is stopped (SIGTERM, then SIGKILL); an agent dies with the notebook
@@ -186,6 +187,15 @@ def _failure_text(agents: list[Agent], outputs, shown: bool, tail: int = 15) -> 
     return "\n".join(parts)
 
 
+def _agent_env(env: dict[str, str | None] | None, folder: Path) -> dict[str, str]:
+    """The notebook's environment, ``env`` on top (None unsets), and its import path for the workers."""
+    run_env = {**os.environ, **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(folder)}
+    run_env = {key: value for key, value in run_env.items() if value is not None}
+    run_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+        [os.getcwd(), *[p for p in sys.path if p], *run_env.get("PYTHONPATH", "").split(os.pathsep)]))
+    return run_env
+
+
 def run_agents(script: str | Path, agent_options: list[list[str]], *, script_args=(), timeout: float = 120,
                env: dict[str, str] | None = None, show_output: bool = True, check: bool = True,
                stagger_s: float = 0.0, on_started=None) -> TorchrunRun:
@@ -200,10 +210,7 @@ def run_agents(script: str | Path, agent_options: list[list[str]], *, script_arg
     """
     script = Path(script).resolve()
     folder = Path(tempfile.mkdtemp(prefix="torchrun-"))
-    run_env = {**os.environ, **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(folder)}
-    run_env = {key: value for key, value in run_env.items() if value is not None}  # None: unset it
-    run_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
-        [os.getcwd(), *[p for p in sys.path if p], *run_env.get("PYTHONPATH", "").split(os.pathsep)]))
+    run_env = _agent_env(env, folder)
     agents = [Agent([*TORCHRUN, *options, str(script), *map(str, script_args)], folder / f"agent{i}.log")
               for i, options in enumerate(agent_options)]
     deadline = time.monotonic() + timeout
@@ -237,6 +244,65 @@ def run_agents(script: str | Path, agent_options: list[list[str]], *, script_arg
     return run
 
 
+class Nodes:
+    """torchrun agents ("nodes") started one at a time on one script: elastic membership (chapter 04).
+
+        with Nodes(script, options, timeout=240) as nodes:
+            nodes.start("A"); nodes.start("B")
+            nodes.wait_until(lambda: ..., "the job to shrink")   # raises TorchrunTimeout when late
+            nodes.start("C")                                     # a node joins
+
+    ``timeout`` bounds the whole block. Leaving it, normally or by an exception or interrupt, stops
+    every agent and every worker, including workers whose agent was killed (they are reparented).
+    """
+
+    def __init__(self, script: str | Path, options: list[str], *, script_args=(), timeout: float = 240,
+                 env: dict[str, str | None] | None = None):
+        self.script = Path(script).resolve()
+        self.command = [*TORCHRUN, *options, str(self.script), *map(str, script_args)]
+        self.folder = Path(tempfile.mkdtemp(prefix="torchrun-nodes-"))
+        self.env = _agent_env(env, self.folder)
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+        self.agents: dict[str, Agent] = {}
+
+    def __enter__(self) -> "Nodes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _stop(list(self.agents.values()), self.folder)
+
+    def start(self, name: str) -> Agent:
+        """Start one more agent (a node joining the job)."""
+        agent = Agent(self.command, self.folder / f"agent-{name}.log")
+        agent.start(self.env, cwd=self.script.parent)
+        self.agents[name] = agent
+        return agent
+
+    def name_of(self, agent_pid: int) -> str:
+        """The node whose agent has this process id (a worker's ``os.getppid()``)."""
+        return next(name for name, agent in self.agents.items() if agent.process.pid == agent_pid)
+
+    def wait_until(self, condition, what: str, poll_s: float = 0.05) -> None:
+        """Poll ``condition()`` until it is true; past the block's deadline raise ``TorchrunTimeout``."""
+        while not condition():
+            if time.monotonic() > self.deadline:
+                logs = [agent.text() for agent in self.agents.values()]
+                tails = "\n".join(f"--- node {name}, last lines of its log:\n"
+                                  + "\n".join(clean_log(agent.text()).splitlines()[-8:])
+                                  for name, agent in self.agents.items())
+                raise TorchrunTimeout(f"waited {self.timeout} s in all for {what}; every agent and worker "
+                                      f"is being stopped\n{tails}", self.returncodes(), logs)
+            time.sleep(poll_s)
+
+    def returncodes(self) -> dict[str, int | None]:
+        return {name: agent.poll() for name, agent in self.agents.items()}
+
+    def results(self) -> list:
+        """The return values the workers of the last group saved, by rank (None where none yet)."""
+        return _collect(self.folder, 0)[0]
+
+
 def run_torchrun(fn, nproc_per_node: int = 2, args=(), *, options=("--standalone",), timeout: float = 120,
                  env: dict[str, str] | None = None, show_output: bool = True, script: str | Path | None = None):
     """Write ``fn`` to a script and run it under ``torchrun --standalone``; return the ranks' results."""
@@ -245,6 +311,15 @@ def run_torchrun(fn, nproc_per_node: int = 2, args=(), *, options=("--standalone
     run = run_agents(path, [[*options, f"--nproc-per-node={nproc_per_node}"]], timeout=timeout, env=env,
                      show_output=show_output)
     return run.results
+
+
+def accepts_connections(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``host:port`` (a rendezvous store, for example)."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def command_line(options, script="train.py") -> str:

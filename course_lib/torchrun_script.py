@@ -27,6 +27,8 @@ when ``course_lib.torchrun`` runs it, saves it so the notebook gets it back.
 from __future__ import annotations
 
 import ast
+import builtins
+import contextlib
 import inspect
 import sys
 import textwrap
@@ -101,6 +103,16 @@ def _is_literal(value, depth=0) -> bool:
     return False
 
 
+def _is_builtin(name: str, value) -> bool:
+    """True for a builtin, or a wrapper of one: IPython binds its own ``open`` in a notebook's globals."""
+    builtin = vars(builtins).get(name)
+    if builtin is None:
+        return False
+    with contextlib.suppress(Exception):
+        return value is builtin or inspect.unwrap(value) is builtin
+    return False
+
+
 def _source_of(obj) -> str:
     try:
         return textwrap.dedent(inspect.getsource(obj))
@@ -168,7 +180,7 @@ class _Collector:
 
     def walk(self, used: set[str], globs: dict) -> None:
         for name in sorted(used):
-            if name not in globs or name.startswith("__"):
+            if name not in globs or name.startswith("__") or _is_builtin(name, globs[name]):
                 continue  # an attribute name, a builtin, or a local
             self.add_global(name, globs[name])
 

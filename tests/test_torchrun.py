@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
@@ -117,3 +118,25 @@ def test_the_fixed_port_is_never_used():
         return int(os.environ["MASTER_PORT"])
 
     assert 29500 not in run_torchrun(port, 2, timeout=120, show_output=False)
+
+
+def test_a_notebook_s_own_open_is_left_to_the_builtin(tmp_path):
+    # IPython binds a wrapper of the builtin `open` in every notebook's globals; the script must
+    # use the builtin, not try to copy the wrapper's source (it has none there).
+    import functools
+    import io
+
+    @functools.wraps(io.open)
+    def notebook_open(*args, **kwargs):
+        return io.open(*args, **kwargs)
+
+    module_path = tmp_path / "notebook_cell.py"
+    module_path.write_text("import torch.distributed as dist\n\n\ndef writes_a_file(path):\n"
+                           "    with open(path, 'w') as f:\n        f.write(str(dist.get_rank()))\n")
+    spec = importlib.util.spec_from_file_location("notebook_cell", module_path)
+    cell = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cell)
+    cell.open = notebook_open  # what the kernel's globals hold
+    script = write_torchrun_script(cell.writes_a_file, tmp_path / "writes.py").read_text()
+    assert "def writes_a_file" in script
+    assert "def open" not in script and "notebook_open" not in script
