@@ -121,14 +121,21 @@ def cost_model_explorer(naive, ring):
 
     def show(log10_bytes, n, alpha_us, gb_per_s):
         size, alpha, beta = 10.0 ** log10_bytes, alpha_us * 1e-6, 1 / (gb_per_s * 1e9)
+        names = ["naive", "ring"]
+        # Both models are linear in alpha and beta, so each time splits exactly into its two terms.
+        latency = [1e3 * model(n, size, alpha, 0.0) for model in (naive, ring)]
+        transfer = [1e3 * model(n, size, 0.0, beta) for model in (naive, ring)]
         fig, ax = plt.subplots(figsize=(4.5, 2.6), dpi=80)
-        names, values = ["naive", "ring"], [1e3 * naive(n, size, alpha, beta), 1e3 * ring(n, size, alpha, beta)]
-        ax.barh(names, values, color=["#dd8452", "#4c72b0"])
-        for y, value in enumerate(values):
-            ax.text(value, y, f" {value:.3g} ms", va="center", fontsize=8)
+        ax.barh(names, latency, color="#c44e52", label="latency terms (α)")
+        ax.barh(names, transfer, left=latency, color="#4c72b0", label="bandwidth terms (β)")
+        for y, (lat, tra) in enumerate(zip(latency, transfer)):
+            ax.text(lat + tra, y, f" {lat + tra:.3g} ms", va="center", fontsize=8)
         ax.set(xlabel="ms", title=f"S = {size:.3g} B, N = {n}")
+        ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         plt.show()
+        for name, lat, tra in zip(names, latency, transfer):
+            print(f"{name:>5}: {lat + tra:.4g} ms = latency {lat:.4g} ms + bandwidth {tra:.4g} ms")
 
     return widgets.interactive(
         show,

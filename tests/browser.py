@@ -105,6 +105,7 @@ class StoredFacts:
     passed_checks: int
     images: int
     widgets: int
+    reports_progress: bool  # its launches call report_progress: per-rank progress bars must appear
 
     @classmethod
     def of(cls, notebook_path: Path) -> "StoredFacts":
@@ -117,7 +118,8 @@ class StoredFacts:
                 texts.append("".join(output.get("text", "")) + "".join(data.get("text/plain", "")))
                 images += "image/png" in data or "image/svg+xml" in data
                 widgets += WIDGET_MIME in data
-        return cls(len(code), sum(t.count(CHECK_PASSED) for t in texts), images, widgets)
+        reports = any("report_progress(" in "".join(c["source"]) for c in code)
+        return cls(len(code), sum(t.count(CHECK_PASSED) for t in texts), images, widgets, reports)
 
 
 @dataclass
@@ -128,6 +130,7 @@ class BrowserRun:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     live_view_seen: bool = False
+    progress_bars_seen: int = 0  # the most progress bars shown at one moment
     widgets_responded: int = 0
 
 
@@ -143,8 +146,19 @@ _READ_PAGE = """() => {
     images: [...cell.querySelectorAll('.jp-OutputArea-output img')].filter(i => !i.closest('.jupyter-widgets'))
               .map(i => i.complete && i.naturalWidth > 0),
     widgets: cell.querySelectorAll('.jp-OutputArea-output .jupyter-widgets, .jp-OutputArea-output .widget-container, .jp-OutputArea-output .lm-Widget.jupyter-widgets').length,
+    progress: cell.querySelectorAll('.jp-OutputArea-output :is(.widget-hprogress, .widget-vprogress)').length,
     fallback: [...cell.querySelectorAll('.jp-OutputArea-output')].some(o => /^(IntSlider|FloatSlider|VBox|HBox|interactive|Dropdown)\\(/.test(o.textContent.trim())),
   }));
+}"""
+
+
+# Progress bars live for seconds: a MutationObserver notes the most seen at once, however short.
+_WATCH_PROGRESS = """() => {
+  window.__progressBarsSeen = 0;
+  new MutationObserver(() => {
+    const shown = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output :is(.widget-hprogress, .widget-vprogress)').length;
+    window.__progressBarsSeen = Math.max(window.__progressBarsSeen, shown);
+  }).observe(document.body, {childList: true, subtree: true});
 }"""
 
 
@@ -164,7 +178,7 @@ def _kernel_idle(page) -> bool:
 
 
 def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: Path | None,
-                 timeout_s: float = 600) -> BrowserRun:
+                 timeout_s: float = 600, explorer_wait_s: float = 90) -> BrowserRun:
     """Open ``name`` in JupyterLab, Run All, wait for the kernel, and report what the page shows."""
     run = BrowserRun(name)
     started = time.monotonic()
@@ -175,6 +189,7 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     time.sleep(2)  # let the kernel connect
     if shots:
         page.screenshot(path=str(shots / f"{Path(name).stem}-top.png"))
+    page.evaluate(_WATCH_PROGRESS)
     _run_all(page)
     deadline = time.monotonic() + timeout_s
     cells = []
@@ -189,8 +204,14 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     else:
         run.problems.append(f"the notebook did not finish within {timeout_s:.0f} s")
     run.seconds = time.monotonic() - started
+    run.progress_bars_seen = page.evaluate("() => window.__progressBarsSeen")
     _inspect(run, cells, stored)
-    run.widgets_responded = _poke_sliders(page, run)
+    if stored.reports_progress and run.progress_bars_seen < 2:
+        run.problems.append(f"its launches call report_progress, but {run.progress_bars_seen} progress bars "
+                            "showed while they ran (one per rank expected)")
+    run.widgets_responded = _exercise_explorers(page, run, explorer_wait_s)
+    if stored.widgets and not run.widgets_responded:
+        run.problems.append("no explorer answered when its slider was moved")
     if shots:
         page.keyboard.press("Control+End")
         page.evaluate("() => { const n = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
@@ -222,6 +243,8 @@ def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
                             f"{stored.images} in the stored notebook")
     if any(LIVE_VIEW.search(c["text"]) for c in cells):
         run.problems.append("a launch's live view was still showing after the run")
+    if any(c["progress"] for c in cells):
+        run.problems.append("progress bars were still showing after the run")
     widgets = sum(c["widgets"] > 0 for c in cells)
     if any(c["fallback"] for c in cells):
         run.problems.append("a widget was shown as its text fallback, not as a widget")
@@ -229,26 +252,40 @@ def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
         run.problems.append(f"the stored notebook has {stored.widgets} widget outputs; none rendered")
 
 
-def _poke_sliders(page, run: BrowserRun) -> int:
-    """Move every slider one step with the keyboard; its output must change (the kernel answered)."""
-    sliders = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider .noUi-handle, "
-                           ".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider [role=slider]")
+def _explorer_view(explorer) -> str:
+    """What an explorer has drawn: its output widgets' HTML (printed numbers, figure images)."""
+    return explorer.locator(".widget-output").evaluate_all("views => views.map(v => v.innerHTML).join('')")
+
+
+def _exercise_explorers(page, run: BrowserRun, wait_s: float = 90) -> int:
+    """Move every slider one step with the keyboard, press its explorer's Run button if it has one
+    (``interact_manual``), and wait for the explorer's drawing to change: proof that the kernel got
+    the new value and answered (a slider's own readout changes without any kernel)."""
+    sliders = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider")
     responded = 0
     for index in range(sliders.count()):
         slider = sliders.nth(index)
-        area = slider.locator("xpath=ancestor::div[contains(@class,'jp-OutputArea-output')][1]")
-        before = area.inner_text() if area.count() else ""
-        with contextlib.suppress(Exception):
+        handle = slider.locator("[role=slider], .noUi-handle").first
+        explorer = slider.locator("xpath=ancestor::div[contains(@class,'jp-OutputArea-output')][1]")
+        try:
             slider.scroll_into_view_if_needed(timeout=5_000)
-            slider.focus()
-            page.keyboard.press("ArrowRight")
-            for _ in range(20):
+            before = _explorer_view(explorer)
+            at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+            handle.focus()
+            page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+            button = explorer.locator(".widget-button")
+            if button.count():
+                button.first.click(timeout=5_000)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _explorer_view(explorer) == before:
                 time.sleep(0.5)
-                if area.count() and area.inner_text() != before:
-                    responded += 1
-                    break
-            else:
-                run.problems.append(f"slider {index} was moved but its output did not change")
+        except Exception as exc:  # noqa: BLE001 - reported as a problem of the page
+            run.problems.append(f"slider {index} could not be moved: {type(exc).__name__}: {exc}")
+            continue
+        if _explorer_view(explorer) != before:
+            responded += 1
+        else:
+            run.problems.append(f"slider {index} was moved but its explorer did not redraw within {wait_s:.0f} s")
     return responded
 
 

@@ -4,7 +4,9 @@ nbval runs kernels without a browser; this test opens each lesson notebook in a 
 JupyterLab, clicks Run > Run All Cells, waits for the kernel, and checks from the page:
 every code cell ran once, in order; as many passed checks as the stored notebook and no
 failed one; no error or stderr output; every figure decoded as an image; the launch's live
-view gone at the end; widgets drawn as widgets, and sliders that answer when moved.
+view gone at the end; per-rank progress bars shown while training launches that report progress
+run, and gone at the end; widgets drawn as widgets; every explorer's slider moved by keyboard
+(and its Run button pressed) makes the kernel redraw the explorer.
 Screenshots of each notebook's top and end go to $COURSE_SCREENSHOTS (default
 browser-screenshots/, not committed).
 
@@ -78,6 +80,10 @@ def _broken_notebook(folder: Path) -> str:
                                   outputs=[stored_check]),
         nbformat.v4.new_code_cell("import warnings\nwarnings.warn('a deprecated call')"),
         nbformat.v4.new_code_cell("x = 1  # the figure this cell drew is gone", outputs=[stored_figure]),
+        nbformat.v4.new_code_cell("import ipywidgets as widgets\n"
+                                  "widgets.IntProgress(value=3, max=10)  # a progress bar left behind"),
+        nbformat.v4.new_code_cell("widgets.interactive(lambda k: None, k=widgets.IntSlider(0, 0, 5))  # draws nothing"),
+        nbformat.v4.new_code_cell("def train():\n    report_progress(1, 1)  # never launched: no bars"),
     ]
     notebook = nbformat.v4.new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -89,12 +95,15 @@ def test_the_browser_check_catches_a_broken_notebook(tmp_path, page):
     name = _broken_notebook(tmp_path)
     stored = StoredFacts.of(tmp_path / name)
     with JupyterLab(tmp_path) as server:
-        run = run_notebook(page, server, name, stored, None, timeout_s=120)
+        run = run_notebook(page, server, name, stored, None, timeout_s=120, explorer_wait_s=10)
     found = "\n".join(run.problems)
     assert "a check failed: \u2718 FAILED the sum" in found, found
     assert "0 passed checks on the page, 1 in the stored notebook" in found, found
     assert "stderr or error output in code cells [1]" in found, found
     assert "0 figures rendered as images on the page, 1 in the stored notebook" in found, found
+    assert "progress bars were still showing after the run" in found, found
+    assert "slider 0 was moved but its explorer did not redraw" in found, found
+    assert "its launches call report_progress, but 1 progress bars showed" in found, found
 
 
 def test_the_static_site_opens_and_links_to_every_chapter(tmp_path, page):
