@@ -45,12 +45,25 @@ def one_learner(notebook: str, folder: str, queue) -> None:
         NotebookClient(nb, timeout=900, kernel_name="python3",
                        resources={"metadata": {"path": folder}}).execute()
     except Exception as exc:  # noqa: BLE001 - a failing learner is a result, not a crash
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        error = _describe(exc, nb)
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                    for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []))
     queue.put({"notebook": Path(notebook).name, "seconds": time.perf_counter() - started,
                "error": error or ("a check failed" if "\u2718" in text else None),
                "clashes": text.count(CLASH)})
+
+
+def _describe(exc: Exception, nb) -> str:
+    """Which cell failed, and the error it raised (its last line)."""
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    if ename is None:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    failed = [index for index, cell in enumerate(code, 1)
+              if any(output.output_type == "error" for output in cell.get("outputs", []))]
+    where = (f"code cell {failed[0]} ({next(iter(code[failed[0] - 1].source.splitlines()), '')[:60]!r})"
+             if failed else "a cell")
+    return f"{where}: {ename}: {str(evalue).strip()[:400] if evalue else ''}"
 
 
 def watch_memory(stop: threading.Event, samples: list) -> None:
