@@ -58,8 +58,9 @@ lab-server: $(STAMP)
 # The suite runs as if on an 8-core laptop (each rank gets 8 // world_size intra-op threads),
 # so the many-core code paths are exercised on a small CI machine too; then chapters 00 and 01
 # run again with every worker started by spawn (as on macOS and Windows): same stored outputs.
-# Last, the chapters that print training results run on PyTorch's and MKL's plain kernels, which
-# round differently from this CPU's AVX2/AVX-512 ones, as a grader's CPU might: same outputs.
+# Last, 06 and 07, whose printed training results once moved with the CPU, run on PyTorch's and
+# MKL's plain kernels, which round differently from the AVX2/AVX-512 ones as a grader's CPU
+# might: same stored outputs.
 TEST_CPUS ?= 8
 SPAWN_NOTEBOOKS := notebooks/00_preflight.ipynb notebooks/01_collectives.ipynb
 OTHER_CPU_NOTEBOOKS := notebooks/06_mixed_precision.ipynb notebooks/07_accumulation_large_batch.ipynb
