@@ -6,7 +6,7 @@ Each object says which chapter introduced it; the teaching itself lives in the n
 # The launcher first: in a notebook kernel it starts the launch server before torch is
 # imported here, so the two imports overlap (see course_lib.launcher, "How workers start").
 from .launcher import LaunchError, WorkerError, WorkerTimeout, launch, rank_device, report_progress
-from .checks import CheckFailed, checking, expect, expect_close, expect_equal
+from .grading.checks import CheckFailed, checking, expect, expect_close, expect_equal
 
 __all__ = [
     "launch", "LaunchError", "WorkerError", "WorkerTimeout", "rank_device", "report_progress",

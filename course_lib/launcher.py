@@ -62,10 +62,10 @@ import contextlib
 import ctypes
 import faulthandler
 import io
+import json
 import linecache
 import multiprocessing as mp
 import os
-import pickle
 import re
 import signal
 import socket
@@ -451,6 +451,23 @@ class _WorkerSpec:
     environment: dict  # the notebook's os.environ at launch time
     cwd: str
     sys_path: list
+    judged: "_Judged | None" = None  # a grading launch: learner code in, data out (course_lib.grading)
+
+
+@dataclass
+class _Judged:
+    """How a grading launch differs (see course_lib.grading.judge).
+
+    The worker first runs ``prelude`` (the notebook's setup cell and the learner's answer
+    cells, as source text) in a fresh ``__main__``, and sends back its result as *data*
+    (``torch.save`` bytes the parent loads with ``weights_only=True``): no object the
+    learner's code made is ever unpickled by the judge. ``run_as`` (uid, gid, home): a
+    grader running as root starts the learner's code as an unprivileged user.
+    """
+
+    prelude: list  # [(label, source), ...]
+    run_as: tuple | None = None
+    payload: bytes | None = None  # (fn, args, kwargs) as the judge pickled them (answers by name)
 
 
 def _alive(pid: int) -> bool:
@@ -540,20 +557,64 @@ def _call_user_function(fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
-def _report(conn, message) -> None:
-    conn.send_bytes(pickle.dumps(message))
+def _report(conn, message, payload: bytes | None = None) -> None:
+    # Headers are JSON, so reading a message never runs code the worker chose; a result
+    # follows as a second frame (cloudpickle for lessons, torch.save data when judged).
+    conn.send_bytes(json.dumps(message).encode("utf-8"))
+    if payload is not None:
+        conn.send_bytes(payload)
+
+
+def _drop_privileges(run_as) -> None:
+    """A grader running as root: the learner's code runs as an unprivileged user."""
+    uid, gid, home = run_as
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    os.environ.update(HOME=home, TMPDIR=home)
+    tempfile.tempdir = None
+
+
+def _run_prelude(prelude) -> None:
+    """Run the learner's cells (setup first) in a fresh __main__, as a kernel would."""
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    os.environ["COURSE_LEARNER_SIDE"] = "1"  # course_lib.grading.Learner() is inert here
+    for label, source in prelude:
+        with contextlib.redirect_stdout(io.StringIO()):  # a cell's prints are not the check's
+            exec(compile(source, f"<{label}>", "exec"), main.__dict__)
+
+
+def _data_payload(result) -> bytes:
+    """The result as data only: what torch.load(weights_only=True) accepts, or TypeError."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(result, buffer)
+    payload = buffer.getvalue()
+    try:
+        torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception:  # noqa: BLE001
+        raise TypeError(f"returned a {type(result).__name__} holding something that is not plain data: "
+                        "return tensors, numbers, strings, and lists/tuples/dicts of them") from None
+    return payload
 
 
 def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
     """Entry point of every worker process (forkserver, spawn or fork)."""
     os.setpgrp()  # own process group: Ctrl-C in a terminal reaches only the parent, which stops us
-    _die_with_parent(spec.kernel_pid)
     _redirect_stdio(spec.out_path, spec.err_path)
     if _STACK_SIGNAL is not None:
         stack_file = open(spec.stack_path, "w")
         faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
     _adopt_notebook_state(spec)
     _set_torchrun_environment(spec)
+    if spec.judged is not None and spec.judged.run_as is not None:
+        _drop_privileges(spec.judged.run_as)  # before the parent-death signal: setuid clears it
+    _die_with_parent(spec.kernel_pid)
 
     import torch
     import torch.distributed as dist
@@ -562,6 +623,8 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
     with contextlib.suppress(Exception):  # read at import; the notebook may have set it since
         dist.set_debug_level_from_env()
     try:
+        if spec.judged is not None:
+            _run_prelude(spec.judged.prelude)
         fn, args, kwargs = cloudpickle.loads(spec.payload)
         if spec.backend is not None:
             if torch.cuda.is_available() and "nccl" in spec.backend:
@@ -575,7 +638,7 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
         _report(result_conn, (_RESULT_ERROR, type(exc).__name__, str(exc), _frames_of(exc)))
         os._exit(1)
     try:
-        payload = cloudpickle.dumps(result)
+        payload = _data_payload(result) if spec.judged is not None else cloudpickle.dumps(result)
     except Exception as exc:  # noqa: BLE001
         reason = (f"fn returned a {type(result).__name__} that cannot be sent back to the notebook "
                   f"({type(exc).__name__}: {exc}). Return plain Python values or tensors instead.")
@@ -583,7 +646,7 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
         os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
-    _report(result_conn, (_RESULT_OK, payload))
+    _report(result_conn, (_RESULT_OK,), payload)
     # Stay alive until every rank has finished: a rank that exits early would turn the
     # others' pending collectives into "connection closed" errors instead of a visible hang.
     with contextlib.suppress(EOFError, OSError):
@@ -615,11 +678,14 @@ def _readable_path(path: str) -> str:
     return f"Cell In[{number}]" if number is not None else path
 
 
-def _format_traceback(rank, frames) -> str:
-    """IPython's style for cells (`Cell In[7], line 3, in fn`), source lines from the kernel."""
+def _format_traceback(rank, frames, read_sources=True) -> str:
+    """IPython's style for cells (`Cell In[7], line 3, in fn`), source lines from the kernel.
+
+    A judged launch never reads files the worker names (read_sources=False)."""
     lines = [f"Traceback of rank {rank} (most recent call last):\n"]
     for filename, lineno, name, line in frames:
-        line = line or linecache.getline(filename, lineno).strip()
+        if not line and read_sources:
+            line = linecache.getline(filename, lineno).strip()
         readable = _readable_path(filename)
         where = readable if readable.startswith("Cell In[") else f'File "{readable}"'
         lines.append(f"  {where}, line {lineno}, in {name}\n")
@@ -779,7 +845,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*
 _HIDDEN_FRAMES = ("multiprocessing", os.path.join("course_lib", "launcher.py"), "<frozen ", "threading.py")
 
 
-def _parse_stack(text: str) -> list[str] | None:
+def _parse_stack(text: str, read_sources: bool = True) -> list[str] | None:
     """Turn a faulthandler dump into the main thread's frames, outermost first."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text)
     for block in blocks:
@@ -806,13 +872,13 @@ def _parse_stack(text: str) -> list[str] | None:
                 readable = _readable_path(path)
                 where = readable if readable.startswith("Cell In[") else f'File "{readable}"'
                 entry = f'{where}, line {frame["line"]}, in {frame["func"]}'
-                source = linecache.getline(path, int(frame["line"])).strip()
+                source = linecache.getline(path, int(frame["line"])).strip() if read_sources else ""
                 shown.append(f"{entry}: {source}" if source else entry)
         return shown
     return None
 
 
-def _collect_stacks(procs, pending, stack_paths, wait_s=5.0) -> dict[int, list[str]]:
+def _collect_stacks(procs, pending, stack_paths, wait_s=5.0, read_sources=True) -> dict[int, list[str]]:
     if _STACK_SIGNAL is None:
         return {}
     for rank in pending:
@@ -823,7 +889,7 @@ def _collect_stacks(procs, pending, stack_paths, wait_s=5.0) -> dict[int, list[s
     while time.monotonic() < deadline and len(stacks) < len(pending):
         for rank in pending:
             if rank not in stacks:
-                parsed = _parse_stack(_read_text(stack_paths[rank]))
+                parsed = _parse_stack(_read_text(stack_paths[rank]), read_sources)
                 if parsed is not None:
                     stacks[rank] = parsed
         time.sleep(0.05)
@@ -885,6 +951,15 @@ def launch(
     once), WorkerTimeout when a time limit passes (with every rank's stack and
     whether it was inside a collective), and TypeError/ValueError for bad arguments.
     """
+    results, _ = _launch(fn, world_size, args, kwargs, timeout=timeout, backend=backend,
+                         init_process_group=init_process_group, start_method=start_method, threads=threads,
+                         show_output=show_output, live=live, startup_timeout=startup_timeout)
+    return results
+
+
+def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_group, start_method, threads,
+            show_output, live, startup_timeout, judged: _Judged | None = None):
+    """launch() itself; with ``judged``, also each rank's measurements (see _Waiter.measure)."""
     kwargs = {} if kwargs is None else kwargs
     _validate(fn, world_size, timeout, args, kwargs, startup_timeout)
     if threads is None:
@@ -895,10 +970,15 @@ def launch(
         backend = choose_backend(world_size)
     if not init_process_group:
         backend = None
-    payload = _serialise_call(fn, args, kwargs)
+    payload = judged.payload if judged is not None and judged.payload else _serialise_call(fn, args, kwargs)
 
     ctx = _server_context() if method == "forkserver" else mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="course_launch_")
+    if judged is not None and judged.run_as is not None:
+        home = os.path.join(workdir, "home")  # the unprivileged learner's HOME and TMPDIR
+        os.mkdir(home, 0o700)
+        os.chown(home, judged.run_as[0], judged.run_as[1])
+        judged.run_as = (judged.run_as[0], judged.run_as[1], home)
     paths = {kind: [os.path.join(workdir, f"rank{r}.{kind}") for r in range(world_size)]
              for kind in ("out", "err", "stack", "progress")}
     port_holder = _reserve_port()  # 30 learners launching at once on one server never collide
@@ -927,6 +1007,7 @@ def launch(
                 environment=environment,
                 cwd=os.getcwd(),
                 sys_path=list(sys.path),
+                judged=judged,
             )
             proc = ctx.Process(target=_worker_main, args=(spec, result_send, release_recv), daemon=False)
             with warnings.catch_warnings(), _without_main_module_import():
@@ -940,13 +1021,13 @@ def launch(
             result_conns.append(result_recv)
             release_conns.append(release_send)
 
-        waiter = _Waiter(procs, result_conns, paths, live_view)
+        waiter = _Waiter(procs, result_conns, paths, live_view, judged=judged is not None)
         results = waiter.wait(timeout, startup_timeout)
         succeeded = True
         for conn in release_conns:
             with contextlib.suppress(OSError):
                 conn.send_bytes(b"done")
-        return results
+        return results, waiter.measurements
     finally:
         _stop_workers(procs, grace_s=5.0 if succeeded else 0.0)
         live_view.close()
@@ -959,15 +1040,32 @@ def launch(
             for leftover in (path, path + ".tmp"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(leftover)
+        if judged is not None:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.rmdir(workdir)
+
+
+def _load_data(payload: bytes, rank: int, world_size: int):
+    """A judged rank's result: plain data only (tensors, numbers, strings, containers)."""
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception:  # noqa: BLE001 - anything that is not plain data
+        raise UnsendableResult(rank, "TypeError", "the result is not plain data (tensors, numbers, strings, "
+                               "and lists/tuples/dicts of them)", "", world_size) from None
 
 
 class _Waiter:
     """Collects each rank's messages until all have returned, one fails, or time runs out."""
 
-    def __init__(self, procs, result_conns, paths, live_view):
+    def __init__(self, procs, result_conns, paths, live_view, judged=False):
         self.procs, self.conns, self.paths, self.live_view = procs, result_conns, paths, live_view
+        self.judged = judged
+        self.measurements = [None] * len(procs)
         self.world_size = len(procs)
         self.results = [None] * self.world_size
         self.pending = set(range(self.world_size))
@@ -988,11 +1086,11 @@ class _Waiter:
             if not self.pending:
                 break
             if fn_deadline is not None and now > fn_deadline:
-                stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"])
+                stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"], read_sources=not self.judged)
                 raise WorkerTimeout(timeout, stacks, set(range(self.world_size)) - self.pending,
                                     self.world_size)
             if fn_deadline is None and now > launched + startup_timeout:
-                stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"])
+                stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"], read_sources=not self.judged)
                 raise WorkerTimeout(startup_timeout, stacks, set(self.entered), self.world_size,
                                     phase="startup")
             self.live_view.update(launched, self.paths["out"], self.paths["progress"])
@@ -1007,7 +1105,7 @@ class _Waiter:
                 return  # a message (or end-of-pipe) is waiting: the pipe branch reads it
             raise self._died(rank)
         try:
-            message = pickle.loads(self.conns[rank].recv_bytes())
+            message = self._read_header(rank)
         except EOFError:  # the pipe closed with nothing in it: the process died
             raise self._died(rank) from None
         kind = message[0]
@@ -1016,12 +1114,53 @@ class _Waiter:
         elif kind in (_RESULT_ERROR, _RESULT_UNSENDABLE):
             error_class = UnsendableResult if kind == _RESULT_UNSENDABLE else WorkerError
             _, exc_type, text, frames = message
-            remote_tb = _format_traceback(rank, frames) if frames else ""
-            raise error_class(rank, exc_type, text, remote_tb, self.world_size)
+            remote_tb = _format_traceback(rank, frames, read_sources=not self.judged) if frames else ""
+            raise error_class(rank, str(exc_type), str(text), remote_tb, self.world_size)
         else:
+            payload = self.conns[rank].recv_bytes()
             self.entered.add(rank)
-            self.results[rank] = cloudpickle.loads(message[1])
+            if self.judged:
+                self.measurements[rank] = self.measure(rank, len(payload))
+                self.results[rank] = _load_data(payload, rank, self.world_size)
+            else:
+                self.results[rank] = cloudpickle.loads(payload)
             self.pending.discard(rank)
+
+    def _read_header(self, rank):
+        raw = self.conns[rank].recv_bytes(1 << 20)
+        try:
+            message = json.loads(raw.decode("utf-8"))
+            if not isinstance(message, list) or not message or message[0] not in (
+                    _RESULT_STARTED, _RESULT_ERROR, _RESULT_UNSENDABLE, _RESULT_OK):
+                raise ValueError
+            if message[0] in (_RESULT_ERROR, _RESULT_UNSENDABLE):
+                _, exc_type, text, frames = message
+                frames = [(str(f), int(n), str(name), str(line)) for f, n, name, line in frames]
+                message = [message[0], exc_type, text, frames]
+            return message
+        except (ValueError, TypeError, UnicodeDecodeError):
+            raise WorkerError(rank, "ProtocolError", "the worker sent a message that is not the launcher's", "",
+                              self.world_size) from None
+
+    def measure(self, rank, payload_bytes):
+        """What the kernel counted for this rank, read while it waits to be released.
+
+        ``sent_bytes``: bytes the process wrote (write/writev: gloo's TCP sends count here)
+        minus what the launcher itself knows it wrote (the result, the output files).
+        ``peak_rss_bytes``: the process's peak resident memory. Linux only (else None).
+        """
+        pid = self.procs[rank].pid
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                io_counts = dict(line.split(": ") for line in f.read().splitlines() if ": " in line)
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        except (OSError, ValueError):
+            return None
+        own = payload_bytes + sum(os.path.getsize(path) for kind in ("out", "err", "progress")
+                                  for path in [self.paths[kind][rank]] if os.path.exists(path))
+        peak = status.get("VmHWM", "0 kB").split()[0]
+        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": int(peak) * 1024}
 
     def _died(self, rank) -> WorkerError:
         proc = self.procs[rank]

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -42,7 +43,6 @@ import sys
 import tempfile
 import threading
 import time
-import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,13 +60,16 @@ FEEDBACK_FILE = "feedback.txt"
 MAX_RERUNS = 3
 MESSAGE_LINES = 25
 
-# Runs first in every graded notebook: records each cell's exception (type and message
-# only) so the feedback can quote it without the traceback and its source lines.
+# Runs first in every graded notebook. The kernel becomes the judge (non-dumpable, its hidden
+# seed read from a file that is then deleted), and records each cell's exception (type and
+# message only) so the feedback can quote it without the traceback and its source lines.
 RECORDER_CELL = '''\
-# Added by the grader: remember each cell's exception for the feedback file.
+# Added by the grader: this kernel is the judge; remember each cell's exception for the feedback.
 def _course_grader_setup():
     import hashlib, json, os
-    path = os.environ.get("COURSE_GRADER_RECORD")
+    import course_lib.grading.judge
+    course_lib.grading.judge.become_judge()
+    path = os.environ.pop("COURSE_GRADER_RECORD", None)
     if not path:
         return
     def remember(result):
@@ -82,6 +85,13 @@ def _course_grader_setup():
     get_ipython().events.register("post_run_cell", remember)
 _course_grader_setup()
 del _course_grader_setup'''
+
+# What an answer cell becomes in the merged notebook: its text goes to the learner side; the
+# judge (the kernel nbval talks to) never executes it.
+ANSWER_CELL = """\
+# Added by the grader: your answer cell runs on the learner side, never in this kernel.
+import course_lib.grading.judge as _course_judge
+_course_judge.answer_cell({label}, {source})"""
 
 NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_\w+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
 NBVAL_TAGS = {"nbval-ignore-output", "nbval-check-output", "nbval-raises-exception", "nbval-skip",
@@ -110,6 +120,7 @@ class Reference:
     answer_ids: dict[str, int]  # grade_id -> answer cell index
     checks: list[Check]
     hidden_lines: set[str]
+    judged: bool = True  # its setup creates a course_lib.grading.Learner: answers never run in the judge
 
     @property
     def max_points(self) -> float:
@@ -154,7 +165,9 @@ def load_reference(solution_path: Path) -> Reference:
             label = match["name"] if match else grade_id
             checks.append(Check(index, grade_id, meta.get("points", 0) or 0, label))
             hidden |= hidden_test_lines(cell.source)
-    return Reference(solution_path.name, solution, stubs, answer_ids, checks, hidden)
+    judged = any("Learner(" in cell.source for cell in solution.cells
+                 if cell.cell_type == "code" and not nbgrader_meta(cell).get("solution"))
+    return Reference(solution_path.name, solution, stubs, answer_ids, checks, hidden, judged)
 
 
 # --------------------------------------------------------------------------
@@ -209,10 +222,14 @@ def merge(reference: Reference, answers: dict[str, str]) -> tuple[nbformat.Noteb
     for grade_id, index in reference.answer_ids.items():
         cell = merged.cells[index]
         if grade_id in answers:
-            cell.source = answers[grade_id]
+            source = answers[grade_id]
         else:
-            cell.source = reference.stubs[index]
+            source = reference.stubs[index]
             notes.append(f"answer cell {grade_id!r} was not found in your notebook: graded as not answered")
+        if reference.judged:
+            cell.source = ANSWER_CELL.format(label=json.dumps(f"answer cell {grade_id}"), source=json.dumps(source))
+        else:  # a notebook whose checks do not use course_lib.grading.Learner yet: answers run in the kernel
+            cell.source = source
     for index in graded_cells | set(reference.answer_ids.values()):
         without_nbval_markers(merged.cells[index])
     recorder = nbformat.v4.new_code_cell(RECORDER_CELL)
@@ -250,12 +267,22 @@ def kill_tree(proc: subprocess.Popen, known: dict[int, psutil.Process]) -> None:
     psutil.wait_procs(list(known.values()), timeout=5)
 
 
-def run_pytest(command: list[str], cwd: Path, env: dict, log_path: Path, time_limit: float) -> bool:
-    """Run pytest; return False if it ran past time_limit and was killed."""
+def run_pytest(command: list[str], cwd: Path, env: dict, log_path: Path, time_limit: float) -> tuple[bool, list[str]]:
+    """Run pytest; return (False if it ran past time_limit and was killed, the verdict lines).
+
+    The verdicts come on a pipe whose write end only pytest holds (course_lib.grading.verdicts).
+    """
     known: dict[int, psutil.Process] = {}
+    read_end, write_end = os.pipe()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(os.fdopen(read_end, encoding="utf-8", errors="replace")),
+                              daemon=True)
+    reader.start()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(command, cwd=cwd, env=dict(env, COURSE_VERDICT_FD=str(write_end)), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=(write_end,))
+    os.close(write_end)
     with _running_lock:
         _running.add(proc)
     finished = False
@@ -274,7 +301,8 @@ def run_pytest(command: list[str], cwd: Path, env: dict, log_path: Path, time_li
         kill_tree(proc, known)  # after a normal exit this stops only what was left behind
         with _running_lock:
             _running.discard(proc)
-    return finished
+    reader.join(10)
+    return finished, list(lines)
 
 
 @dataclass
@@ -284,26 +312,26 @@ class CellOutcome:
     seconds: float = 0.0
 
 
-def read_junit(path: Path) -> dict[int, CellOutcome]:
-    """nbval's items are named 'Cell N', N counting code cells from 0."""
+def read_verdicts(lines: list[str]) -> dict[int, CellOutcome]:
+    """nbval's items are named 'Cell N', N counting code cells from 0 (from the verdicts plugin)."""
     outcomes: dict[int, CellOutcome] = {}
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):  # missing, or cut short when pytest was stopped
-        return outcomes
-    for case in root.iter("testcase"):
-        match = re.fullmatch(r"Cell (\d+)", case.get("name", ""))
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            match = re.fullmatch(r"Cell (\d+)", str(entry.get("name", "")))
+        except (json.JSONDecodeError, AttributeError):
+            continue
         if not match:
             continue
-        outcome = CellOutcome("passed", seconds=float(case.get("time") or 0))
-        for child in case:
-            message = child.get("message", "")
-            if child.tag == "failure" or (child.tag == "error" and not message.startswith("failed on teardown")):
-                outcome.status, outcome.message = "failed", ANSI.sub("", message)
-            elif child.tag == "skipped":
-                outcome.status = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
-                outcome.message = message
-        outcomes[int(match[1])] = outcome
+        number = int(match[1])
+        outcome = outcomes.setdefault(number, CellOutcome("passed"))
+        message = ANSI.sub("", str(entry.get("message") or ""))
+        if entry.get("when") == "teardown":
+            continue
+        if entry.get("outcome") == "failed":
+            outcome.status, outcome.message = "failed", message
+        elif entry.get("outcome") == "skipped":
+            outcome.status = "xfailed" if entry.get("xfail") else "skipped"
     return outcomes
 
 
@@ -348,14 +376,18 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
         nb_path = rundir / "graded.ipynb"
         nbformat.write(notebook, nb_path)
         (rundir / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+        seed_file = rundir / "seed"  # read and deleted by the judge as it starts
+        seed_file.write_text(options.secret)
+        seed_file.chmod(0o600)
         env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", COURSE_GRADER_RECORD=str(rundir / "records.jsonl"),
+                   COURSE_GRADING="1", COURSE_GRADING_SEED_FILE=str(seed_file),
+                   COURSE_GRADER_CELL_TIMEOUT=str(options.cell_timeout),
                    OMP_NUM_THREADS=str(max(1, available_cpus() // options.jobs)), PYTHONDONTWRITEBYTECODE="1")
-        command = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-c", str(rundir / "pytest.ini"),
-                   "--rootdir", str(rundir), "--nbval-lax", "--nbval-current-env",
-                   f"--nbval-cell-timeout={options.cell_timeout}", f"--junitxml={rundir / 'junit.xml'}",
-                   "-q", str(nb_path)]
-        in_time = run_pytest(command, rundir, env, rundir / "pytest.log", time_limit)
-        outcomes = read_junit(rundir / "junit.xml")
+        command = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.verdicts",
+                   "-c", str(rundir / "pytest.ini"), "--rootdir", str(rundir), "--nbval-lax", "--nbval-current-env",
+                   f"--nbval-cell-timeout={options.cell_timeout}", "-q", str(nb_path)]
+        in_time, verdict_lines = run_pytest(command, rundir, env, rundir / "pytest.log", time_limit)
+        outcomes = read_verdicts(verdict_lines)
         records = read_records(rundir / "records.jsonl", [cell.source for cell in cells])
         if not in_time:
             return RunResult(outcomes, records, replaced, f"the notebook ran longer than {time_limit:g} s in all")
@@ -556,6 +588,7 @@ def main(argv: list[str]) -> int:
                         help="keep the merged notebooks and pytest logs here (they contain hidden tests)")
     options = parser.parse_args(argv)
     options.jobs = max(1, options.jobs)
+    options.secret = secrets.token_hex(16)  # this run's hidden cases: known to no submission
 
     if not options.submissions.is_dir():
         parser.error(f"{options.submissions} is not a folder")

@@ -1,0 +1,97 @@
+"""Checks that tell the learner what is wrong, not just that something is.
+
+Defined in chapter 00, used by every exercise's check cells::
+
+    with checking("all_reduce built from send/recv"):
+        got = launch(my_all_reduce, world_size=4)
+        expect_close(got[0], torch.full((3,), 6.0), "rank 0's result",
+                     hint="every rank should end with the sum over all ranks")
+
+A passing check prints one line starting with a tick; a failing one raises
+``CheckFailed``, which a notebook shows as a short explanation instead of a
+traceback (IPython calls ``_render_traceback_``), and which still fails the cell
+for nbval and for grading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..launcher import WorkerError, WorkerTimeout
+
+__all__ = ["CheckFailed", "checking", "expect", "expect_close", "expect_equal"]
+
+
+class CheckFailed(AssertionError):
+    """A check did not pass; ``str()`` says what was checked, what went wrong and a hint."""
+
+    def __init__(self, what: str, problem: str, hint: str | None = None):
+        self.what, self.problem, self.hint = what, problem, hint
+        text = f"FAILED {what}: {problem}"
+        if hint:
+            text += f"\n  hint: {hint}"
+        super().__init__(text)
+
+    def _render_traceback_(self):  # IPython: show the explanation, not a stack of frames
+        return ["\u2718 " + str(self)]
+
+
+def expect(condition: bool, what: str, problem: str, hint: str | None = None) -> None:
+    """Fail with ``problem`` unless ``condition`` holds."""
+    if not condition:
+        raise CheckFailed(what, problem, hint)
+
+
+def expect_equal(actual, expected, what: str, hint: str | None = None) -> None:
+    """Plain values (ints, strings, lists) must be equal."""
+    if actual != expected:
+        raise CheckFailed(what, f"expected {expected!r}, got {actual!r}", hint)
+
+
+def _describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    diff = (actual.double() - expected.double()).abs()
+    worst = int(diff.argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape)) if diff.dim() else ()
+    return (
+        f"{int((diff > 0).sum())} of {diff.numel()} elements differ; the largest difference is "
+        f"{diff.max().item():.3g} at index {list(index)} (got {actual.flatten()[worst].item():.6g}, "
+        f"expected {expected.flatten()[worst].item():.6g})"
+    )
+
+
+def expect_close(actual, expected, what: str, hint: str | None = None, rtol=None, atol=None) -> None:
+    """Tensors must match in type, shape and value (``torch.testing.assert_close`` tolerances)."""
+    if not isinstance(actual, torch.Tensor):
+        raise CheckFailed(what, f"expected a tensor, got {type(actual).__name__}: {actual!r}", hint)
+    expected = torch.as_tensor(expected)
+    if actual.shape != expected.shape:
+        raise CheckFailed(what, f"expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}", hint)
+    if actual.dtype != expected.dtype:
+        raise CheckFailed(what, f"expected dtype {expected.dtype}, got {actual.dtype} "
+                                f"(convert with .to({expected.dtype}) or create the tensor with dtype=...)", hint)
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    except AssertionError:
+        raise CheckFailed(what, _describe_mismatch(actual, expected), hint) from None
+
+
+@contextlib.contextmanager
+def checking(what: str):
+    """Run a check: print a tick when it passes, turn any failure into an explanation."""
+    try:
+        yield
+    except CheckFailed:
+        raise
+    except NotImplementedError:
+        raise CheckFailed(what, "not implemented yet", "replace `raise NotImplementedError` with your code") from None
+    except WorkerError as exc:
+        if exc.exc_type == "NotImplementedError":
+            raise CheckFailed(what, "not implemented yet", "replace `raise NotImplementedError` with your code") from None
+        raise CheckFailed(what, f"rank {exc.rank} raised {exc.exc_type}: {exc.message}",
+                          "read the rank's traceback below\n" + exc.remote_traceback) from None
+    except WorkerTimeout as exc:
+        raise CheckFailed(what, "the ranks did not finish in time (a deadlock?)", str(exc)) from None
+    else:
+        print(f"\u2714 {what}: passed")

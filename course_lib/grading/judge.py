@@ -1,0 +1,282 @@
+"""The judge and the learner side: no code of a learner runs where a verdict is decided.
+
+Introduced with the graded exercises (chapter 01 on), used by every exercise notebook::
+
+    learner = Learner(answers=("all_reduce_via_send_recv",))      # in the setup cell
+    ...
+    results = learner.launch(run_answer, world_size=4, args=(shape, seed))   # in a check cell
+    value = learner.call(make_plan, budget)                                   # one process, no group
+
+Two sides:
+
+* The **judge** is the process that runs the check cells: the notebook's kernel. It holds the
+  checks, the references and the hidden inputs, and it never runs a learner's cell. When
+  ``scripts/grade.py`` grades, the kernel nbval talks to is a judge in this strict sense: the
+  answer cells of the merged notebook are handed to ``answer_cell`` as text and never executed
+  in it; the kernel turns itself non-dumpable (other processes of the same user cannot read its
+  memory, environment or files), and its hidden seed is read from a file that is deleted at once.
+* The **learner side** is a fresh worker process per call: forked from the launch server (a
+  clean interpreter that never ran a check), it runs the setup cell and the learner's answer
+  cells (as text), then the check's worker function, and returns its result as **data only**
+  (``torch.save`` bytes that the judge loads with ``weights_only=True``: tensors, numbers,
+  strings and containers; never an object of the learner's making). While a rank waits to be
+  released, the judge reads what the operating system counted for it (bytes it sent, its peak
+  memory), which code inside the rank cannot change.
+
+In JupyterLab the same code runs: the kernel records the source of each answer cell as the
+learner runs it, and every check sends those sources (not the kernel's state) to fresh
+workers, so a check cell gives the verdict the grader will give.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import ctypes
+import hashlib
+import io
+import os
+import sys
+
+import cloudpickle
+
+from .. import launcher
+
+__all__ = ["Learner", "AnswerRef", "hidden_seed", "become_judge", "answer_cell", "in_grading"]
+
+_SEED_FILE_VARIABLE = "COURSE_GRADING_SEED_FILE"
+_GRADING_VARIABLE = "COURSE_GRADING"
+_state = {"grading": None, "secret": None, "learner": None}
+
+
+# --------------------------------------------------------------------------
+# The judge's own process
+# --------------------------------------------------------------------------
+def _make_non_dumpable() -> None:
+    """Other processes of this user can no longer read or write this one's memory, environ or fds."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            PR_SET_DUMPABLE = 4
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0)
+
+
+def become_judge() -> None:
+    """Called by the grader first thing in the kernel it grades with (see scripts/grade.py)."""
+    _make_non_dumpable()
+    path = os.environ.pop(_SEED_FILE_VARIABLE, None)
+    os.environ.pop(_GRADING_VARIABLE, None)
+    _state["grading"] = True
+    if path:
+        with open(path, encoding="utf-8") as f:
+            _state["secret"] = f.read().strip()
+        os.remove(path)
+
+
+def in_grading() -> bool:
+    if _state["grading"] is None:
+        _state["grading"] = os.environ.get(_GRADING_VARIABLE) == "1"
+    return bool(_state["grading"])
+
+
+def hidden_seed(label: str) -> int:
+    """A seed for a hidden case: drawn per grading run from the grader's secret, fixed otherwise."""
+    secret = _state["secret"] if in_grading() and _state["secret"] else "course"
+    return int(hashlib.sha256(f"{secret}:{label}".encode()).hexdigest()[:8], 16)
+
+
+# --------------------------------------------------------------------------
+# Answers: names the judge refers to, resolved only on the learner side
+# --------------------------------------------------------------------------
+def _resolve_answer(name: str):
+    main = sys.modules.get("__main__")
+    if main is None or not hasattr(main, name):
+        raise NameError(f"name {name!r} is not defined: the answer cell that should define it did not "
+                        "(run it, and keep its name)")
+    return getattr(main, name)
+
+
+class AnswerRef:
+    """Stands for the learner's ``name`` in the judge; becomes the real object in a worker."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __reduce__(self):
+        return _resolve_answer, (self.name,)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.name} is the learner's code and runs only on the learner side: "
+                        f"use learner.call({self.name}, ...) or learner.launch(...)")
+
+    def __repr__(self) -> str:
+        return f"<the learner's {self.name}>"
+
+
+class _AnswerPickler(cloudpickle.CloudPickler):
+    """cloudpickle, except that the learner's answers travel by name, never by value."""
+
+    def __init__(self, file, answers: dict[int, str]):
+        super().__init__(file)
+        self._answers = answers
+
+    def reducer_override(self, obj):
+        name = self._answers.get(id(obj))
+        if name is not None:
+            return _resolve_answer, (name,)
+        return super().reducer_override(obj)
+
+
+def _top_level_names(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def _calling_cell_source(depth: int = 2) -> str:
+    """The source of the notebook cell (or script) that is running the caller's caller."""
+    import linecache
+
+    frame = sys._getframe(depth)
+    while frame is not None and frame.f_globals.get("__name__") != "__main__":
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return "".join(linecache.getlines(frame.f_code.co_filename))
+
+
+def _unprivileged_user():
+    """(uid, gid) of 'nobody' when the grader runs as root, else None."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    import pwd
+
+    with contextlib.suppress(KeyError):
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    return None
+
+
+class Learner:
+    """The learner side of one exercise notebook (see the module docstring).
+
+    answers: the names the answer cells define (functions or classes) that checks use.
+    setup: the setup cell's source (default: the cell that creates this object).
+    """
+
+    def __init__(self, answers, setup: str | None = None):
+        self.answers = tuple(answers)
+        self.inert = os.environ.get("COURSE_LEARNER_SIDE") == "1"  # the setup cell, run in a worker
+        if self.inert:
+            return
+        self.setup = _calling_cell_source() if setup is None else setup
+        self.grading = in_grading()
+        self.cells: dict[str, str] = {}  # label -> source, in the order they first ran
+        self.broken: dict[str, str] = {}  # label -> why the cell is replaced (grading)
+        self.shell = None
+        with contextlib.suppress(Exception):
+            from IPython import get_ipython
+
+            self.shell = get_ipython()
+        if self.grading:
+            if self.shell is not None:
+                for name in self.answers:
+                    self.shell.user_ns[name] = AnswerRef(name)
+        elif self.shell is not None:
+            self.shell.events.register("post_run_cell", self._record)
+        _state["learner"] = self
+
+    # ----- which cells the learner side runs
+    def _record(self, result) -> None:
+        source = getattr(result.info, "raw_cell", "") or ""
+        defined = [name for name in self.answers if name in _top_level_names(source)]
+        if defined:
+            self.cells[f"answer cell defining {', '.join(defined)}"] = source
+
+    def record(self, label: str, source: str) -> None:
+        """Hand an answer cell's source to the learner side (outside a notebook, or by the grader)."""
+        self.cells[label] = source
+
+    def prelude(self) -> list[tuple[str, str]]:
+        cells = [(label, self.broken.get(label, source)) for label, source in self.cells.items()]
+        return [("setup cell", self.setup)] + cells
+
+    # ----- running the learner's code
+    def launch(self, fn, world_size: int, args=(), kwargs=None, *, timeout: float = 30, measure: bool = False,
+               startup_timeout: float = 60, init_process_group: bool = True, show_output: bool = False):
+        """Run the check's ``fn(*args)`` on ``world_size`` fresh ranks that hold the learner's cells.
+
+        Returns the ranks' results (data only), and with measure=True also, per rank,
+        ``{"sent_bytes", "peak_rss_bytes"}`` as the operating system counted them (None off Linux).
+        """
+        if self.inert:
+            raise RuntimeError("learner.launch runs in the judge, not on the learner side")
+        kwargs = {} if kwargs is None else kwargs
+        judged = launcher._Judged(prelude=self.prelude(), run_as=_unprivileged_user() if self.grading else None)
+        judged.payload = self._payload(fn, args, kwargs)
+        results, measured = launcher._launch(
+            fn, world_size, args, kwargs, timeout=timeout, backend="auto", init_process_group=init_process_group,
+            start_method=None, threads=None, show_output=show_output, live=False,
+            startup_timeout=startup_timeout, judged=judged)
+        return (results, measured) if measure else results
+
+    def call(self, fn, *args, timeout: float = 60, **kwargs):
+        """Run the check's ``fn(*args, **kwargs)`` in one fresh learner-side process; return its data."""
+        return self.launch(fn, 1, args, kwargs, timeout=timeout, init_process_group=False)[0]
+
+    def _payload(self, fn, args, kwargs) -> bytes:
+        answers = {}
+        if self.shell is not None:
+            for name in self.answers:
+                value = self.shell.user_ns.get(name)
+                if value is not None and not isinstance(value, AnswerRef):
+                    answers[id(value)] = name
+        buffer = io.BytesIO()
+        try:
+            _AnswerPickler(buffer, answers).dump((fn, tuple(args), kwargs))
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(f"the check's function or arguments cannot be sent to the learner side "
+                            f"({type(exc).__name__}: {exc})") from None
+        return buffer.getvalue()
+
+
+def answer_cell(label: str, source: str, timeout: float | None = None) -> None:
+    """The grader's stand-in for an answer cell: record its text, and try it once on the learner side.
+
+    The judge never executes the text itself. An answer cell that raises fails here (the
+    grader notes it); one that does not finish within ``timeout`` (default: half the grader's
+    cell timeout) is replaced, for every later check, by a cell that says so, so it costs
+    one timeout and not one per check.
+    """
+    learner = _state["learner"]
+    if learner is None:
+        raise RuntimeError("the notebook's setup cell did not create its Learner")
+    if timeout is None:
+        timeout = max(2.0, min(60.0, float(os.environ.get("COURSE_GRADER_CELL_TIMEOUT", "120")) / 2))
+    learner.record(label, source)
+    why = f"this answer cell did not finish within {timeout:g} s (an endless loop at the top level?)"
+    try:
+        learner.launch(_nothing, 1, timeout=timeout, startup_timeout=timeout, init_process_group=False)
+    except launcher.WorkerTimeout:
+        learner.broken[label] = f"raise RuntimeError({why!r})"
+        raise RuntimeError(why) from None
+    except launcher.WorkerError as exc:
+        raise RuntimeError(f"{exc.exc_type}: {exc.message}") from None
+    except BaseException:  # interrupted by the grader's cell timeout: the same verdict
+        learner.broken[label] = f"raise RuntimeError({why!r})"
+        raise
+
+
+def _nothing():
+    return None
