@@ -583,9 +583,18 @@ def _run_prelude(prelude) -> None:
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     os.environ["COURSE_LEARNER_SIDE"] = "1"  # course_lib.grading.Learner() is inert here
-    for label, source in prelude:
-        with contextlib.redirect_stdout(io.StringIO()):  # a cell's prints are not the check's
-            exec(compile(source, f"<{label}>", "exec"), main.__dict__)
+    for index, (label, source) in enumerate(prelude):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # a cell's prints are not the check's
+                exec(compile(source, f"<{label}>", "exec"), main.__dict__)
+        except Exception as exc:  # noqa: BLE001 - as in a notebook, a failing cell does not stop the next
+            if index == 0:
+                raise  # the setup cell is the course's: nothing can run without it
+            PRELUDE_ERRORS.append((label, type(exc).__name__, str(exc)))
+            print(f"{label} raised {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+PRELUDE_ERRORS: list = []  # in a judged worker: (cell label, exception type, message) per failing cell
 
 
 def _data_payload(result) -> bytes:

@@ -47,6 +47,46 @@ DEADLOCK = ("def sum_over_ranks():\n    value = torch.tensor([dist.get_rank() + 
 INFINITE_LOOP_CELL = "while True:  # never ends\n    pass\n" + CORRECT["share_from_rank0"]
 UNINTERRUPTIBLE_LOOP_CELL = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                              "while True:\n    pass")
+# A learner hunting for points without answering: swallow every check's failure, silence the
+# comparisons, send back a pickle that would run a command in whoever unpickles it, and read
+# the calling frame's locals for expected values. None of it reaches the judge.
+PWNED = Path("/tmp") / f"course-grading-pwned-{uuid.uuid4().hex}"
+TAMPER_CHECKS_CELL = f"""\
+import contextlib, os, pickle, sys
+import course_lib, course_lib.grading, course_lib.grading.checks as checks_module, course_lib.launcher as launcher
+
+@contextlib.contextmanager
+def checking(what):
+    try:
+        yield
+    except BaseException:
+        pass
+
+checks_module.checking = course_lib.checking = course_lib.grading.checking = checking
+checks_module.expect_close = course_lib.expect_close = lambda *args, **kwargs: None
+
+class Payload:
+    def __reduce__(self):
+        return os.system, ("touch {PWNED}",)
+
+launcher._data_payload = lambda result: pickle.dumps(Payload())
+
+def share_from_rank0():
+    seen = sys._getframe(1).f_locals
+    return torch.tensor([float(len(seen)), 0.0])
+"""
+# ... and kill the judge (the launch server's parent): as root the grader runs answers as
+# nobody, so the kill fails; otherwise the judge dies. Either way: no points, others graded.
+KILL_JUDGE_CELL = """\
+import contextlib, os, signal
+with contextlib.suppress(Exception):
+    with open(f"/proc/{os.getppid()}/stat") as stat:
+        judge = int(stat.read().rsplit(")", 1)[1].split()[1])
+    os.kill(judge, signal.SIGKILL)
+
+def world_size_seen():
+    return 3
+"""
 
 # student -> {notebook: expected points}; max is 6 (2 + 3 + 1) and 1.
 EXPECTED = {
@@ -55,7 +95,8 @@ EXPECTED = {
     "dave": {COLLECTIVES: 1, BASICS: 0},      # deadlock, infinite loop, then a right answer
     "erin": {COLLECTIVES: 3, BASICS: 0},      # wrong sum with its check edited to `pass`, deleted a check
     "frank": {COLLECTIVES: 0, BASICS: 0},     # collectives "notebook" is not a notebook; basics missing
-    "grace": {COLLECTIVES: 1, BASICS: 0},     # visible check passes, hidden fails; kernel hang
+    "grace": {COLLECTIVES: 1, BASICS: 0},     # visible check passes, hidden fails; endless loop ignoring SIGINT
+    "mallory": {COLLECTIVES: 2, BASICS: 0},   # one right answer; tampering and killing the judge for the others
 }
 MAX = {COLLECTIVES: 6, BASICS: 1}
 
@@ -110,6 +151,9 @@ def make_class(folder: Path) -> None:
                                    "sum_over_ranks": UNINTERRUPTIBLE_LOOP_CELL})
     write(folder, "grace", COLLECTIVES, grace)
     (folder / "grace" / BASICS).write_text('{"cells": "no", "nbformat": 4}')  # JSON, wrong format
+
+    write(folder, "mallory", COLLECTIVES, answered(COLLECTIVES, {
+        **CORRECT, "share_from_rank0": TAMPER_CHECKS_CELL, "world_size_seen": KILL_JUDGE_CELL}))
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +223,7 @@ def test_feedback_says_what_passed_and_why_not(graded):
 
     dave = feedback(folder, "dave")
     assert "did not finish in time" in dave  # the deadlock, caught by the launch timeout
-    assert f"ran longer than {CELL_TIMEOUT} s" in dave  # the infinite loop, stopped by nbval
+    assert "did not finish within" in dave  # the endless loop, stopped on the learner side
 
     erin = feedback(folder, "erin")
     assert "[0/2] sum over 2 ranks: FAILED" in erin and "rank 0's result" in erin  # the reference check ran
@@ -190,8 +234,16 @@ def test_feedback_says_what_passed_and_why_not(graded):
     assert "not a notebook" in frank
 
     grace = feedback(folder, "grace")
-    assert "could not be interrupted" in grace  # so the cell was replaced and the notebook re-run
+    assert "did not finish within" in grace  # a loop that ignores SIGINT never ran in the judge
     assert "tiny_basics.ipynb: 0 of 1 points" in grace and "no list of cells" in grace
+
+
+def test_tampering_never_reaches_the_judge(graded):
+    folder, _, _ = graded
+    mallory = feedback(folder, "mallory")
+    assert "[2/2] sum over 2 ranks: passed" in mallory
+    assert "[0/3] broadcast from rank 0: FAILED" in mallory and "[0/1] world size: FAILED" in mallory
+    assert not PWNED.exists(), "a learner's pickle ran code in the judge"
 
 
 def test_feedback_never_shows_hidden_test_source(graded):
@@ -236,7 +288,11 @@ def test_merge_takes_answers_by_grade_id_and_checks_from_reference():
     cell_with_id(submission, "check_sum_over_ranks").source = "pass"
     merged, notes = grade.merge(reference, grade.student_answers(submission))
     sources = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in merged.cells}
-    assert sources["sum_over_ranks"] == "mine = 1"  # nbval markers removed from answers
+    # The answer travels as text to the learner side: the judge's cell runs none of it, and a
+    # marker inside it (here NBVAL_SKIP) is only text, never a marker of the graded cell.
+    answer_cell = sources["sum_over_ranks"]
+    assert answer_cell.startswith("# Added by the grader") and '"# NBVAL_SKIP\\nmine = 1"' in answer_cell
+    assert not any(grade.NBVAL_MARKER.match(line) for line in answer_cell.splitlines())
     assert "BEGIN HIDDEN TESTS" in sources["check_sum_over_ranks"]
     assert notes == []
     assert all(c.execution_count is not None and c.outputs == [] for c in merged.cells if c.cell_type == "code")

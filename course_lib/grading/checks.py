@@ -47,13 +47,23 @@ def expect(condition: bool, what: str, problem: str, hint: str | None = None) ->
 def expect_equal(actual, expected, what: str, hint: str | None = None) -> None:
     """Plain values (ints, strings, lists) must be equal."""
     if actual != expected:
+        if _grading():  # the grader's cases are hidden: never quote their expected value
+            raise CheckFailed(what, f"got {actual!r}, which is not the expected value", hint)
         raise CheckFailed(what, f"expected {expected!r}, got {actual!r}", hint)
+
+
+def _grading() -> bool:
+    from .judge import in_grading
+
+    return in_grading()
 
 
 def _describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:
     diff = (actual.double() - expected.double()).abs()
     worst = int(diff.argmax())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape)) if diff.dim() else ()
+    if _grading():  # the grader's cases are hidden: say where, never what the expected value is
+        return f"{int((diff > 0).sum())} of {diff.numel()} elements differ (the largest difference at index {list(index)})"
     return (
         f"{int((diff > 0).sum())} of {diff.numel()} elements differ; the largest difference is "
         f"{diff.max().item():.3g} at index {list(index)} (got {actual.flatten()[worst].item():.6g}, "
@@ -89,8 +99,11 @@ def checking(what: str):
     except WorkerError as exc:
         if exc.exc_type == "NotImplementedError":
             raise CheckFailed(what, "not implemented yet", "replace `raise NotImplementedError` with your code") from None
-        raise CheckFailed(what, f"rank {exc.rank} raised {exc.exc_type}: {exc.message}",
-                          "read the rank's traceback below\n" + exc.remote_traceback) from None
+        if exc.exc_type == "NameError" and "answer cell" in exc.message:
+            raise CheckFailed(what, exc.message) from None
+        # The grader's feedback gives the type and message; a notebook also shows where.
+        hint = None if _grading() else "read the rank's traceback below\n" + exc.remote_traceback
+        raise CheckFailed(what, f"rank {exc.rank} raised {exc.exc_type}: {exc.message}", hint) from None
     except WorkerTimeout as exc:
         raise CheckFailed(what, "the ranks did not finish in time (a deadlock?)", str(exc)) from None
     else:

@@ -267,16 +267,22 @@ def answer_cell(label: str, source: str, timeout: float | None = None) -> None:
     learner.record(label, source)
     why = f"this answer cell did not finish within {timeout:g} s (an endless loop at the top level?)"
     try:
-        learner.launch(_nothing, 1, timeout=timeout, startup_timeout=timeout, init_process_group=False)
+        errors = learner.launch(_cell_errors, 1, timeout=timeout, startup_timeout=timeout,
+                                init_process_group=False)[0]
     except launcher.WorkerTimeout:
-        learner.broken[label] = f"raise RuntimeError({why!r})"
+        learner.broken[label] = ""  # later checks run without it (its names stay undefined)
         raise RuntimeError(why) from None
     except launcher.WorkerError as exc:
         raise RuntimeError(f"{exc.exc_type}: {exc.message}") from None
     except BaseException:  # interrupted by the grader's cell timeout: the same verdict
-        learner.broken[label] = f"raise RuntimeError({why!r})"
+        learner.broken[label] = ""
         raise
+    for cell, exc_type, message in errors if isinstance(errors, list) else []:
+        if cell == label:
+            raise RuntimeError(f"{exc_type}: {message}")
 
 
-def _nothing():
-    return None
+def _cell_errors():
+    return [list(map(str, error)) for error in launcher.PRELUDE_ERRORS]
+
+
