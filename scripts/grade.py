@@ -15,11 +15,14 @@ How one notebook is scored:
    cells with their hidden tests included, comes from the reference: editing or deleting a
    check changes nothing, and cells the student added are not run.
 2. Run. nbval runs the merged notebook top to bottom in a fresh kernel through pytest
-   (``--nbval-lax``: only errors count; ``--nbval-cell-timeout``), and pytest's junit XML
-   says which cells passed. A cell that runs past the timeout is interrupted and fails;
-   the cells after it still run. If the kernel could not be interrupted (or crashed),
-   that cell is replaced by one that raises and the notebook is run again, so a hang
-   costs only the cell it hits. Every process a notebook started is stopped afterwards.
+   (``--nbval-lax``: only errors count; ``--nbval-cell-timeout``). That kernel is the judge
+   (course_lib.grading.judge): the answer cells reach it as text and run only in fresh
+   learner-side worker processes, which send back data only. Each cell's outcome comes back
+   on a pipe only pytest holds (course_lib.grading.verdicts). A cell that runs past the
+   timeout is interrupted and fails; the cells after it still run. If the kernel could not be
+   interrupted (or crashed), that cell is replaced by one that raises and the notebook is run
+   again, so a hang costs only the cell it hits. Every process a notebook started is stopped
+   afterwards.
 3. Score. A check cell (``grade: true``) earns its ``points`` when it ran without an error.
 4. Feedback. For each check: passed, or the exception's type and message (a CheckFailed
    explains itself). Tracebacks and cell sources are never shown, and any line of a
