@@ -161,6 +161,16 @@ def _unprivileged_user():
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return None
     import pwd
+    import stat
+
+    # Only if that user can run this Python and course_lib (e.g. not a pyenv under /root).
+    for path in {sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}:
+        parts = os.path.abspath(path).split(os.sep)
+        for depth in range(1, len(parts) + 1):
+            directory = os.sep.join(parts[:depth]) or os.sep
+            with contextlib.suppress(OSError):
+                if not os.stat(directory).st_mode & stat.S_IXOTH:
+                    return None
 
     with contextlib.suppress(KeyError):
         entry = pwd.getpwnam("nobody")
