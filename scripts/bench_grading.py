@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 from course_lib.launcher import available_cpus  # noqa: E402
 
