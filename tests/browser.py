@@ -178,8 +178,14 @@ def _kernel_idle(page) -> bool:
 
 
 def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: Path | None,
-                 timeout_s: float = 600, explorer_wait_s: float = 90) -> BrowserRun:
-    """Open ``name`` in JupyterLab, Run All, wait for the kernel, and report what the page shows."""
+                 timeout_s: float = 600, explorer_wait_s: float = 90, compare_with: Path | None = None,
+                 sanitize_file: Path | None = None) -> BrowserRun:
+    """Open ``name`` in JupyterLab, Run All, wait for the kernel, and report what the page shows.
+
+    With ``compare_with`` (the committed notebook), the run is saved from JupyterLab and every
+    cell's outputs are compared with the stored ones as nbval compares them (``sanitize_file``:
+    nbval's sanitizer config), so this one run also does nbval's job for the notebook.
+    """
     run = BrowserRun(name)
     started = time.monotonic()
     page.goto(lab.url(f"lab/tree/{name}") + "&reset")  # only this notebook open
@@ -206,6 +212,12 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     run.seconds = time.monotonic() - started
     run.progress_bars_seen = page.evaluate("() => window.__progressBarsSeen")
     _inspect(run, cells, stored)
+    if compare_with is not None:  # before the explorers are moved: outputs as Run All left them
+        saved = lab.root / name
+        if _save(page, saved):
+            run.problems += output_differences(saved, compare_with, sanitize_file)
+        else:
+            run.problems.append("the notebook could not be saved from JupyterLab, so its outputs were not compared")
     if stored.reports_progress and run.progress_bars_seen < 2:
         run.problems.append(f"its launches call report_progress, but {run.progress_bars_seen} progress bars "
                             "showed while they ran (one per rank expected)")
@@ -219,6 +231,75 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
         time.sleep(1)
         page.screenshot(path=str(shots / f"{Path(name).stem}-end.png"))
     return run
+
+
+def _save(page, path: Path, timeout_s: float = 60) -> bool:
+    """File > Save Notebook, from JupyterLab's menu; True once the file on disk has changed."""
+    before = path.stat().st_mtime_ns if path.exists() else 0
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click(timeout=30_000)
+    page.locator(".lm-Menu-item[data-command='docmanager:save']").first.click(timeout=30_000)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_mtime_ns != before:
+            time.sleep(1)  # let the write finish
+            return True
+        time.sleep(0.5)
+    return False
+
+
+class _StoredOutputComparison:
+    """nbval's own comparison of one cell's outputs (its sanitizer, stream coalescing, skipped keys)."""
+
+    from nbval.plugin import IPyNbCell as _Cell
+
+    compare_outputs = _Cell.compare_outputs
+    sanitize = _Cell.sanitize
+    # nbval's defaults without --nbdime: images, widget ids and counters are not compared.
+    SKIP = ("metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+            "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg")
+
+    def __init__(self, sanitize_file: Path):
+        from types import SimpleNamespace
+
+        from nbval.plugin import get_sanitize_patterns, nocolors
+
+        patterns = dict(get_sanitize_patterns(sanitize_file.read_text()))
+        self.parent = SimpleNamespace(skip_compare=self.SKIP, sanitize_patterns=patterns)
+        self.colors = nocolors
+        self.comparison_traceback: list[str] = []
+
+    def format_output_compare(self, key, stored, now):
+        import difflib
+
+        diff = difflib.unified_diff(str(stored).splitlines(), str(now).splitlines(), "stored", "in the browser",
+                                    lineterm="", n=1)
+        self.comparison_traceback.append(f"{key}:\n" + "\n".join(list(diff)[:40]))
+
+
+def output_differences(saved: Path, stored: Path, sanitize_file: Path) -> list[str]:
+    """Cells whose outputs in ``saved`` (the browser's run) differ from ``stored``, as nbval judges.
+
+    Cells marked NBVAL_IGNORE_OUTPUT or NBVAL_SKIP, and cells stored unrun, are not compared.
+    """
+    import nbformat
+    from nbval.plugin import coalesce_streams, find_comment_markers, find_metadata_tags
+
+    comparison = _StoredOutputComparison(sanitize_file)
+    now = [c for c in nbformat.read(saved, as_version=4).cells if c.cell_type == "code"]
+    then = [c for c in nbformat.read(stored, as_version=4).cells if c.cell_type == "code"]
+    if len(now) != len(then):
+        return [f"the saved notebook has {len(now)} code cells, the stored one {len(then)}"]
+    problems = []
+    for number, (ran, kept) in enumerate(zip(now, then)):
+        options = dict(find_metadata_tags(kept.metadata))
+        options.update(dict(find_comment_markers(kept.source)))
+        if options.get("skip") or not options.get("check", True) or kept.execution_count is None:
+            continue
+        comparison.comparison_traceback = []
+        if not comparison.compare_outputs(coalesce_streams(ran.outputs), coalesce_streams(kept.outputs)):
+            detail = "\n".join(comparison.comparison_traceback)[:2000]
+            problems.append(f"code cell {number}: its outputs differ from the stored ones\n{detail}")
+    return problems
 
 
 def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:

@@ -65,7 +65,10 @@ def screenshots():
 def test_lesson_runs_in_jupyterlab_as_stored(lab, screenshots, name):
     server, page = lab
     stored = StoredFacts.of(REPO / "notebooks" / name)
-    run = run_notebook(page, server, name, stored, screenshots)
+    # The run is saved and compared, cell by cell, with the committed outputs as nbval would:
+    # `make test` runs each lesson once, here, instead of once here and once more under nbval.
+    run = run_notebook(page, server, name, stored, screenshots, compare_with=REPO / "notebooks" / name,
+                       sanitize_file=REPO / "nbval_sanitize.cfg")
     assert not run.problems, f"{name} in the browser ({run.seconds:.0f} s):\n" + "\n".join(run.problems)
     assert NEWS_PROMPT not in page.inner_text("body"), "JupyterLab's news pop-up covers the notebook"
 
@@ -85,6 +88,8 @@ def _broken_notebook(folder: Path) -> str:
         nbformat.v4.new_code_cell("widgets.interactive(lambda k: None, k=widgets.IntSlider(0, 0, 5))  # draws nothing"),
         nbformat.v4.new_code_cell("def train():\n    report_progress(1, 1)  # never launched: no bars"),
     ]
+    for count, cell in enumerate(cells, start=1):
+        cell.execution_count = count  # stored as run, so its outputs are compared
     notebook = nbformat.v4.new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, folder / "broken.ipynb")
@@ -94,9 +99,13 @@ def _broken_notebook(folder: Path) -> str:
 def test_the_browser_check_catches_a_broken_notebook(tmp_path, page):
     name = _broken_notebook(tmp_path)
     stored = StoredFacts.of(tmp_path / name)
+    committed = shutil.copy(tmp_path / name, tmp_path / "committed.ipynb")  # the lab saves over its own copy
     with JupyterLab(tmp_path) as server:
-        run = run_notebook(page, server, name, stored, None, timeout_s=120, explorer_wait_s=10)
+        run = run_notebook(page, server, name, stored, None, timeout_s=120, explorer_wait_s=10,
+                           compare_with=Path(committed), sanitize_file=REPO / "nbval_sanitize.cfg")
     found = "\n".join(run.problems)
+    assert "code cell 0: its outputs differ from the stored ones" in found, found
+    assert "FAILED the sum" in found.split("code cell 0:")[1], found  # the diff shows what the run printed
     assert "a check failed: \u2718 FAILED the sum" in found, found
     assert "0 passed checks on the page, 1 in the stored notebook" in found, found
     assert "stderr or error output in code cells [1]" in found, found

@@ -1,0 +1,35 @@
+"""Where `make test` spends its time: every test's and every notebook cell's duration.
+
+With COURSE_DURATIONS_FILE set (the Makefile sets it), each pytest run appends one JSON line
+per test (setup + call + teardown, in seconds) and one for the run as a whole, labelled with
+COURSE_TEST_STAGE; scripts/test_durations.py turns the file into the table `make test` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+_durations: dict[str, float] = {}
+_outcomes: dict[str, str] = {}
+_started = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    if report.when == "call" or report.outcome != "passed":
+        _outcomes[report.nodeid] = report.outcome
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("COURSE_DURATIONS_FILE")
+    if not path or hasattr(session.config, "workerinput"):  # an xdist worker: its controller writes
+        return
+    stage = os.environ.get("COURSE_TEST_STAGE", "pytest")
+    with open(path, "a", encoding="utf-8") as out:
+        for nodeid, seconds in _durations.items():
+            out.write(json.dumps({"stage": stage, "test": nodeid, "seconds": round(seconds, 2),
+                                  "outcome": _outcomes.get(nodeid, "passed")}) + "\n")
+        out.write(json.dumps({"stage": stage, "test": None, "seconds": round(time.monotonic() - _started, 2),
+                              "outcome": "failed" if exitstatus else "passed"}) + "\n")

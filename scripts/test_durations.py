@@ -1,0 +1,66 @@
+"""The table `make test` prints at its end: where the time went, by stage, by file and by test.
+
+Usage: python scripts/test_durations.py DURATIONS_FILE [--top N]
+
+DURATIONS_FILE holds one JSON line per test (and one per pytest run, with "test": null), as
+the repository's conftest.py writes them when COURSE_DURATIONS_FILE is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def file_of(test: str) -> str:
+    """A notebook, or a test module with its parametrised case (one browser lesson, one chapter's grading)."""
+    path, _, rest = test.partition("::")
+    if path.endswith(".ipynb"):
+        return path
+    if "[" in rest:
+        return f"{path}::{rest.split('[')[0].split('::')[-1]}[{rest.split('[', 1)[1]}"
+    return path
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:5.1f} min" if seconds >= 60 else f"{seconds:5.1f} s  "
+
+
+def table(entries: list[dict], top: int) -> str:
+    runs = [e for e in entries if e["test"] is None]
+    tests = [e for e in entries if e["test"] is not None]
+    lines = ["", "Where `make test` spent its time", "", "stage (one pytest run each)            wall"]
+    for run in runs:
+        lines.append(f"  {run['stage']:<36} {minutes(run['seconds'])}  {run['outcome']}")
+    lines.append(f"  {'all stages':<36} {minutes(sum(r['seconds'] for r in runs))}")
+    by_file: dict[tuple[str, str], float] = defaultdict(float)
+    for e in tests:
+        by_file[e["stage"], file_of(e["test"])] += e["seconds"]
+    lines += ["", f"the {top} slowest files, notebooks and parametrised cases (summed test time)"]
+    for (stage, name), seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {minutes(seconds)}  {name}  [{stage}]")
+    lines += ["", f"the {top} slowest single tests or notebook cells"]
+    for e in sorted(tests, key=lambda e: -e["seconds"])[:top]:
+        lines.append(f"  {minutes(e['seconds'])}  {e['test']}  [{e['stage']}]")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("durations", type=Path)
+    parser.add_argument("--top", type=int, default=25)
+    options = parser.parse_args()
+    if not options.durations.exists():
+        print(f"no durations recorded ({options.durations} does not exist)")
+        return
+    print(table(read(options.durations), options.top))
+
+
+if __name__ == "__main__":
+    main()
