@@ -1,9 +1,11 @@
 """How long grading a class takes: N submissions of one chapter, half solved, half untouched.
 
-Usage: python scripts/bench_grading.py [--chapter 01_collectives] [--students 30] [--jobs N]
+Usage: python scripts/bench_grading.py [--chapter 01_collectives] [--students 30] [--jobs N] [--max-batch 8]
 
-Prints the wall time, the time per notebook, and whether the scores were right (solved: full
-marks, untouched: 0). The target: 30 submissions of one chapter in at most 2 minutes on 2 cores.
+Grades the class twice, side by side: with one judge kernel per submission (--max-batch 1) and
+with grade.py's default batching; prints both wall times, their ratio, and whether the scores
+were right (solved: full marks, untouched: 0). The target: 30 submissions of one chapter in at
+most 2 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -22,11 +24,30 @@ sys.path.insert(0, str(REPO))
 from course_lib.launcher import available_cpus  # noqa: E402
 
 
+def grade_class(folder: Path, handed_out: Path, jobs: int, max_batch: int) -> tuple[float, int]:
+    """Grade the class; return the wall time and how many students scored as expected."""
+    for old in folder.glob("*/feedback.txt"):
+        old.unlink()
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--exercises",
+                          str(handed_out), "--jobs", str(jobs), "--max-batch", str(max_batch)],
+                         capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if run.returncode != 0:
+        raise SystemExit(run.stdout + run.stderr)
+    with open(folder / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    maximum = float(rows[0]["max"])
+    right = sum((float(row["total"]) == maximum) == (int(row["student"][-2:]) % 2 == 0) for row in rows)
+    return seconds, right
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chapter", default="01_collectives")
     parser.add_argument("--students", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=available_cpus())
+    parser.add_argument("--max-batch", type=int, default=8, help="submissions per judge kernel (grade.py's default)")
     options = parser.parse_args(argv)
     name = f"{options.chapter}.ipynb"
     with tempfile.TemporaryDirectory() as tmp:
@@ -39,21 +60,18 @@ def main(argv):
         handed_out = Path(tmp) / "handed_out"
         handed_out.mkdir()
         shutil.copy(REPO / "exercises" / name, handed_out / name)
-        started = time.monotonic()
-        run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--exercises",
-                              str(handed_out), "--jobs", str(options.jobs)], capture_output=True, text=True)
-        seconds = time.monotonic() - started
-        if run.returncode != 0:
-            print(run.stdout, run.stderr)
-            return 1
-        with open(folder / "grades.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
-        maximum = float(rows[0]["max"])
-        right = sum((float(row["total"]) == maximum) == (int(row["student"][-2:]) % 2 == 0) for row in rows)
-    print(f"{options.students} submissions of {name}, {options.jobs} jobs, {available_cpus()} cores: "
-          f"{seconds:.1f} s in all, {seconds / options.students:.2f} s per notebook; "
-          f"{right}/{options.students} scored as expected (target: 30 in at most 120 s on 2 cores)")
-    return 0 if right == options.students else 1
+        # Side by side in one run: a judge kernel per submission, then several submissions per judge.
+        alone, right_alone = grade_class(folder, handed_out, options.jobs, 1)
+        batched, right_batched = grade_class(folder, handed_out, options.jobs, options.max_batch)
+    n = options.students
+    print(f"{n} submissions of {name}, {options.jobs} jobs, {available_cpus()} cores:")
+    print(f"  one judge per submission:        {alone:6.1f} s ({alone / n:.2f} s per notebook), "
+          f"{right_alone}/{n} scored as expected")
+    print(f"  up to {options.max_batch} submissions per judge: {batched:6.1f} s ({batched / n:.2f} s per notebook), "
+          f"{right_batched}/{n} scored as expected")
+    print(f"  speed-up {alone / batched:.2f}x; target: 30 in at most 120 s on 2 cores "
+          f"({'met' if batched <= 120 * n / 30 else 'NOT met'})")
+    return 0 if right_alone == right_batched == n else 1
 
 
 if __name__ == "__main__":

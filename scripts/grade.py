@@ -22,7 +22,11 @@ How one notebook is scored:
    timeout is interrupted and fails; the cells after it still run. If the kernel could not be
    interrupted (or crashed), that cell is replaced by one that raises and the notebook is run
    again, so a hang costs only the cell it hits. Every process a notebook started is stopped
-   afterwards.
+   afterwards. One judge grades up to ``--max-batch`` submissions of an exercise in turn (its
+   kernel never runs their code, so it stays clean): the setup runs once, then each
+   submission's answers and checks, with a cell between two submissions that drops the
+   previous one's answer cells and every global its checks bound (course_lib.grading.judge.
+   next_submission). That saves a kernel start per submission.
 3. Score. A check cell (``grade: true``) earns its ``points`` when it ran without an error.
 4. Feedback. For each check: passed, or the exception's type and message (a CheckFailed
    explains itself). Tracebacks and cell sources are never shown, and any line of a
@@ -36,6 +40,7 @@ import contextlib
 import csv
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -95,6 +100,12 @@ ANSWER_CELL = """\
 # Added by the grader: your answer cell runs on the learner side, never in this kernel.
 import course_lib.grading.judge as _course_judge
 _course_judge.answer_cell({label}, {source})"""
+
+# Between two submissions graded by one judge (see merge_many).
+NEXT_SUBMISSION_CELL = """\
+# Added by the grader: the next submission's answers and checks; nothing of the last one's stays.
+import course_lib.grading.judge as _course_judge
+_course_judge.next_submission()"""
 
 NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_\w+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
 NBVAL_TAGS = {"nbval-ignore-output", "nbval-check-output", "nbval-raises-exception", "nbval-skip",
@@ -217,34 +228,101 @@ def student_answers(submission: nbformat.NotebookNode) -> dict[str, str]:
     return answers
 
 
-def merge(reference: Reference, answers: dict[str, str]) -> tuple[nbformat.NotebookNode, list[str]]:
-    """The reference notebook with the student's answers in it, ready for nbval."""
-    merged = nbformat.from_dict(json.loads(json.dumps(reference.notebook)))
-    notes = []
-    graded_cells = {check.cell_index for check in reference.checks}
-    for grade_id, index in reference.answer_ids.items():
-        cell = merged.cells[index]
-        if grade_id in answers:
-            source = answers[grade_id]
-        else:
-            source = reference.stubs[index]
-            notes.append(f"answer cell {grade_id!r} was not found in your notebook: graded as not answered")
-        if reference.judged:
-            cell.source = ANSWER_CELL.format(label=json.dumps(f"answer cell {grade_id}"), source=json.dumps(source))
-        else:  # a notebook whose checks do not use course_lib.grading.Learner yet: answers run in the kernel
-            cell.source = source
-    for index in graded_cells | set(reference.answer_ids.values()):
-        without_nbval_markers(merged.cells[index])
+def batch_split(reference: Reference) -> int | None:
+    """Where the cells a judge runs once end and those it runs per submission begin, or None.
+
+    A judged notebook's setup cell (the one creating the Learner) and the cells before it run
+    once; the rest (answers, checks, their helpers) run again for each submission the judge
+    grades in turn. None when the notebook cannot be graded that way (answers run in the kernel,
+    or an answer or check cell comes before the setup).
+    """
+    if not reference.judged:
+        return None
+    setup = next((index for index, cell in enumerate(reference.notebook.cells)
+                  if cell.cell_type == "code" and "Learner(" in cell.source
+                  and not nbgrader_meta(cell).get("solution")), None)
+    per_submission = set(reference.answer_ids.values()) | {check.cell_index for check in reference.checks}
+    if setup is None or any(index <= setup for index in per_submission):
+        return None
+    return setup + 1
+
+
+def merge_many(reference: Reference, submissions: list[dict[str, str]]
+               ) -> tuple[nbformat.NotebookNode, list[dict[int, int]], list[list[str]]]:
+    """One notebook for nbval that grades several submissions in turn with one judge.
+
+    Returns the notebook, for each submission the code cell number (as nbval counts them) of
+    each reference cell, and each submission's notes. The setup runs once; then, per
+    submission, a cell that makes the judge forget the previous one, and the reference's
+    remaining cells with this submission's answers in its answer cells.
+    """
+    split = batch_split(reference)
+    if split is None and len(submissions) > 1:
+        raise ValueError(f"{reference.name} cannot grade several submissions with one judge")
+    template = json.loads(json.dumps(reference.notebook))
+    ref_cells = template["cells"]
+    once = range(split or 0)
+    per_submission = range(split or 0, len(ref_cells))
+    answer_index = {index: grade_id for grade_id, index in reference.answer_ids.items()}
+    graded_cells = {check.cell_index for check in reference.checks} | set(answer_index)
+
+    def copy_of(index: int, tag: str):
+        cell = nbformat.from_dict(json.loads(json.dumps(ref_cells[index])))
+        if tag:
+            cell["id"] = f"{tag}-{index}"  # cell ids must stay unique in the merged notebook
+        return cell
+
+    cells, places, all_notes = [], [], []
     recorder = nbformat.v4.new_code_cell(RECORDER_CELL)
     recorder.id = "course-grader-recorder"
-    merged.cells.insert(0, recorder)
+    cells.append((recorder, None))
+    for index in once:
+        cells.append((copy_of(index, ""), ("once", index)))
+    for number, answers in enumerate(submissions):
+        notes = []
+        tag = f"s{number}" if split is not None else ""
+        if split is not None:
+            marker = nbformat.v4.new_code_cell(NEXT_SUBMISSION_CELL)
+            marker.id = f"course-grader-next-{number}"
+            cells.append((marker, None))
+        for index in per_submission:
+            cell = copy_of(index, tag)
+            grade_id = answer_index.get(index)
+            if grade_id is not None:
+                if grade_id in answers:
+                    source = answers[grade_id]
+                else:
+                    source = reference.stubs[index]
+                    notes.append(f"answer cell {grade_id!r} was not found in your notebook: graded as not answered")
+                if reference.judged:
+                    cell.source = ANSWER_CELL.format(label=json.dumps(f"answer cell {grade_id}"),
+                                                     source=json.dumps(source))
+                else:  # a notebook whose checks do not use course_lib.grading.Learner: answers run in the kernel
+                    cell.source = source
+            if index in graded_cells:
+                without_nbval_markers(cell)
+            cells.append((cell, (number, index)))
+        all_notes.append(notes)
+    merged = nbformat.from_dict(dict(template, cells=[]))
+    places: list[dict[int, int]] = [{} for _ in submissions]
     count = 0
-    for cell in merged.cells:
+    for cell, where in cells:
         if cell.cell_type == "code":
             count += 1
             cell.execution_count = count  # nbval treats a cell without a count as never run
             cell.outputs = []
-    return merged, notes
+            if where is not None:
+                owner, index = where
+                for number in (range(len(submissions)) if owner == "once" else [owner]):
+                    places[number][index] = count - 1  # nbval numbers code cells from 0
+        merged.cells.append(cell)
+    return merged, places, all_notes
+
+
+def merge(reference: Reference, answers: dict[str, str]) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The reference notebook with one student's answers in it, ready for nbval."""
+    merged, _, notes = merge_many(reference, [answers])
+    return merged, notes[0]
 
 
 # --------------------------------------------------------------------------
@@ -463,57 +541,85 @@ def describe_failure(number: int, run: RunResult, cell_timeout: float, hidden: s
     return "this check did not run (an earlier cell stopped the notebook)"
 
 
-def grade_notebook(student: str, path: Path, reference: Reference, options) -> NotebookResult:
+def prepare(student: str, path: Path, reference: Reference) -> tuple[NotebookResult, dict[str, str] | None]:
+    """The student's result so far, and their answers; None when there is nothing to run."""
     result = NotebookResult(student, reference.name, reference.max_points)
+    if not path.exists():
+        result.problem = f"missing: no {reference.name} in your submission"
+        return result, None
+    try:
+        submission = read_submission(path)
+    except ValueError as exc:
+        result.problem = f"could not be graded: {exc}"
+        return result, None
+    return result, student_answers(submission)
+
+
+def score(result: NotebookResult, run: RunResult, numbers: dict[int, int], reference: Reference, options) -> None:
+    """Fill in one submission's checks and notes from the run (numbers: reference cell -> nbval's cell number)."""
+    for check in reference.checks:
+        number = numbers[check.cell_index]
+        outcome = run.outcomes.get(number, CellOutcome("missing"))
+        if outcome.status == "passed" and number not in run.replaced:
+            result.checks.append(CheckResult(check, check.points, "passed"))
+        else:
+            message = describe_failure(number, run, options.cell_timeout, reference.hidden_lines)
+            message = message.removeprefix(f"FAILED {check.label}: ")  # the label is shown already
+            result.checks.append(CheckResult(check, 0, message))
+    for grade_id, index in reference.answer_ids.items():
+        number = numbers.get(index)
+        record = run.records.get(number) if number is not None else None
+        if number in run.replaced:
+            result.notes.append(f"answer cell {grade_id!r}: {run.replaced[number]}")
+        elif record and record.get("ename"):
+            message = describe_failure(number, run, options.cell_timeout, reference.hidden_lines)
+            result.notes.append(f"answer cell {grade_id!r} raised an error: {message}")
+    if run.problem:
+        result.notes.append(run.problem)
+    result.earned = sum(check.earned for check in result.checks)
+
+
+def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: Reference, options) -> list[NotebookResult]:
+    """Grade submissions of one exercise in turn, with one judge (one nbval run)."""
     started = time.monotonic()
     try:
-        if not path.exists():
-            result.problem = f"missing: no {reference.name} in your submission"
-            return result
-        try:
-            submission = read_submission(path)
-        except ValueError as exc:
-            result.problem = f"could not be graded: {exc}"
-            return result
-        merged, result.notes = merge(reference, student_answers(submission))
-        workdir = Path(tempfile.mkdtemp(prefix=f"{student}-{Path(reference.name).stem}-", dir=options.work_root))
+        merged, places, notes = merge_many(reference, [answers for _, answers in batch])
+        first = batch[0][0].student
+        workdir = Path(tempfile.mkdtemp(prefix=f"{first}-{Path(reference.name).stem}-", dir=options.work_root))
         try:
             run = run_merged(merged, workdir, options)
         finally:
             if not options.keep_work:
                 shutil.rmtree(workdir, ignore_errors=True)
-        # Code cell numbers as nbval counts them (the recorder cell is number 0).
-        numbers, count = {}, 0
-        for index, cell in enumerate(merged.cells):
-            if cell.cell_type == "code":
-                numbers[index - 1] = count  # index in the reference = index in merged - 1
-                count += 1
-        for check in reference.checks:
-            number = numbers[check.cell_index]
-            outcome = run.outcomes.get(number, CellOutcome("missing"))
-            if outcome.status == "passed" and number not in run.replaced:
-                result.checks.append(CheckResult(check, check.points, "passed"))
-            else:
-                message = describe_failure(number, run, options.cell_timeout, reference.hidden_lines)
-                message = message.removeprefix(f"FAILED {check.label}: ")  # the label is shown already
-                result.checks.append(CheckResult(check, 0, message))
-        for grade_id, index in reference.answer_ids.items():
-            number = numbers.get(index)
-            record = run.records.get(number) if number is not None else None
-            if number in run.replaced:
-                result.notes.append(f"answer cell {grade_id!r}: {run.replaced[number]}")
-            elif record and record.get("ename"):
-                message = describe_failure(number, run, options.cell_timeout, reference.hidden_lines)
-                result.notes.append(f"answer cell {grade_id!r} raised an error: {message}")
-        if run.problem:
-            result.notes.append(run.problem)
-        result.earned = sum(check.earned for check in result.checks)
+        for (result, _), numbers, note in zip(batch, places, notes):
+            result.notes = note
+            score(result, run, numbers, reference, options)
     except Exception as exc:  # noqa: BLE001 - one submission must never stop the class's grading
-        result.problem = f"the grader failed on this notebook ({type(exc).__name__}: {exc}); ask your instructor"
-        result.checks, result.earned = [], 0.0
+        for result, _ in batch:
+            result.problem = f"the grader failed on this notebook ({type(exc).__name__}: {exc}); ask your instructor"
+            result.checks, result.earned = [], 0.0
     finally:
-        result.seconds = time.monotonic() - started
-    return result
+        for result, _ in batch:
+            result.seconds = time.monotonic() - started
+    return [result for result, _ in batch]
+
+
+def plan_batches(pending: dict[str, list], references: dict[str, Reference], jobs: int,
+                 max_batch: int) -> list[tuple[str, list]]:
+    """Group each exercise's submissions into judge runs: few enough to save the start-up of a
+    kernel per submission, enough to keep every job busy; the largest run first."""
+    total = sum(len(items) for items in pending.values())
+    tasks = []
+    for name, items in pending.items():
+        if not items:
+            continue
+        if max_batch <= 1 or batch_split(references[name]) is None:
+            tasks += [(name, [item]) for item in items]
+            continue
+        count = max(math.ceil(len(items) / max_batch), math.ceil(jobs * len(items) / total))
+        count = min(len(items), count)
+        tasks += [(name, items[k::count]) for k in range(count)]
+    return sorted(tasks, key=lambda task: -len(task[1]))
 
 
 def points(value: float) -> str:
@@ -584,6 +690,9 @@ def main(argv: list[str]) -> int:
                         help="the exercise notebooks handed out (their names are what is graded)")
     parser.add_argument("--jobs", "-j", type=int, default=available_cpus(),
                         help="notebooks graded at once (default: the number of CPU cores)")
+    parser.add_argument("--max-batch", type=int, default=8,
+                        help="submissions of one exercise graded in turn by one judge kernel (default 8; 1: a "
+                             "kernel for each)")
     parser.add_argument("--cell-timeout", type=float, default=120,
                         help="seconds one cell may run before it is stopped and fails (default 120)")
     parser.add_argument("--csv", type=Path, default=None, help="where to write the table (default SUBMISSIONS/grades.csv)")
@@ -591,6 +700,7 @@ def main(argv: list[str]) -> int:
                         help="keep the merged notebooks and pytest logs here (they contain hidden tests)")
     options = parser.parse_args(argv)
     options.jobs = max(1, options.jobs)
+    options.max_batch = max(1, options.max_batch)
     options.secret = secrets.token_hex(16)  # this run's hidden cases: known to no submission
 
     if not options.submissions.is_dir():
@@ -615,20 +725,33 @@ def main(argv: list[str]) -> int:
     else:
         options.work_root = None
     print(f"grading {len(students)} students x {len(names)} notebooks with {options.jobs} jobs "
-          f"(cell timeout {options.cell_timeout:g} s)", flush=True)
+          f"(cell timeout {options.cell_timeout:g} s, up to {options.max_batch} submissions per judge)", flush=True)
     started = time.monotonic()
     table: dict[tuple[str, str], NotebookResult] = {}
-    jobs = [(s, n) for s in students for n in names]
+    pending: dict[str, list] = {name: [] for name in names}
+
+    def report(result: NotebookResult, shared: int = 1) -> None:
+        status = result.problem or f"{points(result.earned)}/{points(result.max_points)}"
+        together = f", one judge for {shared} submissions" if shared > 1 else ""
+        print(f"  {result.student}/{result.name}: {status} ({result.seconds:.1f} s{together})", flush=True)
+
+    for name in names:
+        for student in students:
+            result, answers = prepare(student, options.submissions / student / name, references[name])
+            if answers is None:
+                table[student, name] = result
+                report(result)
+            else:
+                pending[name].append((result, answers))
+    tasks = plan_batches(pending, references, options.jobs, options.max_batch)
     pool = ThreadPoolExecutor(max_workers=options.jobs)
     try:
-        futures = {pool.submit(grade_notebook, s, options.submissions / s / n, references[n], options): (s, n)
-                   for s, n in jobs}
+        futures = [pool.submit(grade_batch, batch, references[name], options) for name, batch in tasks]
         for future in as_completed(futures):
-            student, name = futures[future]
-            result = future.result()
-            table[student, name] = result
-            status = result.problem or f"{points(result.earned)}/{points(result.max_points)}"
-            print(f"  {student}/{name}: {status} ({result.seconds:.1f} s)", flush=True)
+            results = future.result()
+            for result in results:
+                table[result.student, result.name] = result
+                report(result, len(results))
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)
         with _running_lock:

@@ -299,3 +299,51 @@ def test_merge_takes_answers_by_grade_id_and_checks_from_reference():
     original = copy.deepcopy(reference.notebook)
     grade.merge(reference, {})
     assert reference.notebook == original  # merging never changes the reference
+
+
+def test_one_judge_forgets_each_submission_before_the_next():
+    # grade.py grades several submissions with one judge kernel; between two, nothing a check
+    # bound for the first (or the answer cells it recorded) may remain for the second.
+    from types import SimpleNamespace
+
+    from course_lib.grading import judge
+
+    shell = SimpleNamespace(user_ns={"learner": None, "CHECK_TIMEOUT": 15, "_i3": "history"})
+    learner = judge.Learner.__new__(judge.Learner)
+    learner.cells, learner.broken, learner.shell = {}, {}, shell
+    saved = dict(judge._state)
+    try:
+        judge._state.update(learner=learner, namespace=None)
+        judge.next_submission()  # the first submission: the setup's globals are remembered
+        learner.cells["answer cell a"] = "def a(): ..."
+        learner.broken["answer cell a"] = ""
+        shell.user_ns.update(results=[1.0], CHECK_TIMEOUT=0)  # bound and rebound by the first one's checks
+        del shell.user_ns["learner"]
+        judge.next_submission()
+        assert learner.cells == {} and learner.broken == {}
+        assert shell.user_ns == {"learner": None, "CHECK_TIMEOUT": 15, "_i3": "history"}
+    finally:
+        judge._state.clear()
+        judge._state.update(saved)
+
+
+def test_a_class_is_split_into_judge_runs_that_keep_every_job_busy():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import grade
+
+    reference = grade.load_reference(FIXTURES / COLLECTIVES)
+    assert grade.batch_split(reference) is not None
+    merged, places, notes = grade.merge_many(reference, [CORRECT, {}])
+    markers = [c for c in merged.cells if c.source == grade.NEXT_SUBMISSION_CELL]
+    assert len(markers) == 2 and len({c.id for c in merged.cells}) == len(merged.cells)
+    first, second = places
+    check = reference.checks[0].cell_index
+    assert first[check] < second[check]  # each submission has its own copy of every check
+    assert notes[0] == [] and len(notes[1]) == 3  # the second left every answer cell out
+    pending = {COLLECTIVES: list(range(20)), BASICS: list(range(3))}
+    references = {COLLECTIVES: reference, BASICS: grade.load_reference(FIXTURES / BASICS)}
+    tasks = grade.plan_batches(pending, references, jobs=2, max_batch=8)
+    sizes = {name: sorted(len(batch) for n, batch in tasks if n == name) for name in pending}
+    assert sizes == {COLLECTIVES: [6, 7, 7], BASICS: [3]}
+    assert sorted(x for name, batch in tasks if name == COLLECTIVES for x in batch) == list(range(20))
+    assert all(len(batch) == 1 for _, batch in grade.plan_batches(pending, references, jobs=2, max_batch=1))

@@ -42,11 +42,11 @@ import cloudpickle
 
 from .. import launcher
 
-__all__ = ["Learner", "AnswerRef", "hidden_seed", "become_judge", "answer_cell", "in_grading"]
+__all__ = ["Learner", "AnswerRef", "hidden_seed", "become_judge", "answer_cell", "next_submission", "in_grading"]
 
 _SEED_FILE_VARIABLE = "COURSE_GRADING_SEED_FILE"
 _GRADING_VARIABLE = "COURSE_GRADING"
-_state = {"grading": None, "secret": None, "learner": None}
+_state = {"grading": None, "secret": None, "learner": None, "namespace": None}
 
 
 # --------------------------------------------------------------------------
@@ -290,6 +290,34 @@ def answer_cell(label: str, source: str, timeout: float | None = None) -> None:
     for cell, exc_type, message in errors if isinstance(errors, list) else []:
         if cell == label:
             raise RuntimeError(f"{exc_type}: {message}")
+
+
+def next_submission() -> None:
+    """The grader's marker between two submissions that one judge grades in turn.
+
+    Forgets the previous submission's answer cells, and restores the judge's globals to what
+    the setup left (names the check cells bound are removed, rebound names restored), so no
+    value a check computed for one submission can reach the next one's checks.
+    """
+    learner = _state["learner"]
+    if learner is None:
+        raise RuntimeError("the notebook's setup cell did not create its Learner")
+    learner.cells.clear()
+    learner.broken.clear()
+    if learner.shell is None:
+        return
+    namespace = learner.shell.user_ns
+    kept = _state["namespace"]
+    if kept is None:  # the first submission: remember what the setup defined
+        _state["namespace"] = {name: value for name, value in namespace.items() if not name.startswith("_")}
+        return
+    for name in [name for name in namespace if not name.startswith("_")]:
+        if name not in kept:
+            del namespace[name]
+        elif namespace[name] is not kept[name]:
+            namespace[name] = kept[name]
+    for name, value in kept.items():
+        namespace.setdefault(name, value)
 
 
 def _cell_errors():
