@@ -1,6 +1,7 @@
 """The real chapters' exercises, graded as a class would be.
 
-For every chapter with an exercise, one grading run takes four kinds of student:
+One grading run (one grade.py, as an instructor grades a class) takes, for every chapter with
+an exercise, four kinds of student:
 - untouched: the exercise as handed out, which must earn nothing;
 - solved: the solution notebook, which must earn full marks;
 - tests/submissions/<chapter>/wrong*.ipynb: answers that are wrong in plausible ways
@@ -11,6 +12,7 @@ For every chapter with an exercise, one grading run takes four kinds of student:
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -41,31 +43,59 @@ def test_every_chapter_has_wrong_and_unusual_submissions():
         assert list(folder.glob("unusual*.ipynb")), f"no unusual correct submission for {exercise.stem}"
 
 
+def students_of(exercise: Path) -> dict[str, Path]:
+    """The class for one chapter: untouched, solved, and every submission in tests/submissions/."""
+    solution = REPO / "solutions" / exercise.name
+    students = {"untouched": exercise, "solved": solution}
+    for submission in sorted((SUBMISSIONS / exercise.stem).glob("*.ipynb")):
+        assert answer_cells(submission) != answer_cells(solution), f"{submission.name} is the solution itself"
+        students[submission.stem] = submission
+    return students
+
+
+@pytest.fixture(scope="module")
+def graded_class(request, tmp_path_factory):
+    """One grading run for every chapter selected in this session (one grade.py, its jobs kept busy
+    across chapters); student folders are named <chapter>--<student> and hold that one notebook."""
+    selected = sorted({item.callspec.params["exercise"] for item in request.session.items
+                       if getattr(item, "originalname", "") == "test_grading_rewards_right_answers_and_only_them"})
+    root = tmp_path_factory.mktemp("grading")
+    handed_out, folder = root / "handed_out", root / "class"
+    handed_out.mkdir()
+    for exercise in selected:
+        shutil.copy(exercise, handed_out / exercise.name)
+        for student, source in students_of(exercise).items():
+            (folder / f"{exercise.stem}--{student}").mkdir(parents=True)
+            shutil.copy(source, folder / f"{exercise.stem}--{student}" / exercise.name)
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder),
+                          "--exercises", str(handed_out), "--jobs", "2"],
+                         capture_output=True, text=True, timeout=3000, cwd=REPO)
+    print(run.stdout[-20000:])
+    assert run.returncode == 0, run.stdout + run.stderr
+    with open(folder / "grades.csv", newline="") as f:
+        return folder, list(csv.DictReader(f))
+
+
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda path: path.stem)
-def test_grading_rewards_right_answers_and_only_them(exercise, tmp_path):
+def test_grading_rewards_right_answers_and_only_them(exercise, graded_class):
+    folder, rows = graded_class
     name, solution = exercise.stem, REPO / "solutions" / exercise.name
     possible = points_possible(solution)
     assert possible > 0, f"{name} has no graded checks"
-    students = {"untouched": exercise, "solved": solution}
-    for submission in sorted((SUBMISSIONS / name).glob("*.ipynb")):
-        assert answer_cells(submission) != answer_cells(solution), f"{submission.name} is the solution itself"
-        students[submission.stem] = submission
-    handed_out = tmp_path / "handed_out"
-    handed_out.mkdir()
-    shutil.copy(exercise, handed_out / exercise.name)
-    for student, source in students.items():
-        (tmp_path / "class" / student).mkdir(parents=True)
-        shutil.copy(source, tmp_path / "class" / student / exercise.name)
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(tmp_path / "class"),
-                          "--exercises", str(handed_out), "--jobs", "2"],
-                         capture_output=True, text=True, timeout=1200, cwd=REPO)
-    assert run.returncode == 0, run.stdout + run.stderr
-    with open(tmp_path / "class" / "grades.csv", newline="") as f:
-        scores = {row["student"]: float(row[name]) for row in csv.DictReader(f)}
-    feedback = {student: (tmp_path / "class" / student / "feedback.txt").read_text() for student in students}
+    students = students_of(exercise)
+    scores = {row["student"].split("--", 1)[1]: float(row[name]) for row in rows
+              if row["student"].startswith(f"{name}--")}
+    assert sorted(scores) == sorted(students)
+
+    def feedback(student: str) -> str:  # this chapter's part of the student's feedback
+        text = (folder / f"{name}--{student}" / "feedback.txt").read_text()
+        section = text[text.index(f"\n{exercise.name}:"):]
+        following = re.search(r"\n\S+\.ipynb: ", section[1:])
+        return section[:following.start() + 1] if following else section
+
     for student, score in scores.items():
         if student == "untouched" or student.startswith("wrong"):
-            assert score == 0, f"{student} earned {score} of {possible} in {name}:\n{feedback[student]}"
+            assert score == 0, f"{student} earned {score} of {possible} in {name}:\n{feedback(student)}"
         else:
-            assert score == possible, f"{student} earned {score} of {possible} in {name}:\n{feedback[student]}"
-    assert "not implemented yet" in feedback["untouched"]
+            assert score == possible, f"{student} earned {score} of {possible} in {name}:\n{feedback(student)}"
+    assert "not implemented yet" in feedback("untouched")
