@@ -3,9 +3,10 @@
 #
 #   make lab                 JupyterLab on notebooks/, opens a browser
 #   make lab-server          the same, headless (for a remote server): prints the URL to open
-#   make test                unit tests of course_lib + nbval over every lesson and solution notebook
-#                            (as on an 8-core machine), then 00 and 01 again with spawned workers,
-#                            then 06 and 07 again on PyTorch's plain CPU kernels
+#   make test                unit tests of course_lib, nbval over every solution notebook, every
+#                            lesson in JupyterLab or under nbval (as on an 8-core machine), 00 and 01
+#                            with spawned workers, 06 and 07 on PyTorch's plain CPU kernels, the
+#                            grading of every chapter's submissions; then a table of durations
 #   make notebook NB=notebooks/01_collectives.ipynb   nbval over one notebook
 #   make execute             re-execute and store every lesson and solution notebook (authors)
 #   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
@@ -56,19 +57,38 @@ lab-server: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip=127.0.0.1 --port=8888 $(LAB_ROOT)
 
 # The suite runs as if on an 8-core laptop (each rank gets 8 // world_size intra-op threads),
-# so the many-core code paths are exercised on a small CI machine too; then chapters 00 and 01
-# run again with every worker started by spawn (as on macOS and Windows): same stored outputs.
-# Last, 06 and 07, whose printed training results once moved with the CPU, run on PyTorch's and
-# MKL's plain kernels, which round differently from the AVX2/AVX-512 ones as a grader's CPU
-# might: same stored outputs.
+# so the many-core code paths are exercised on a small CI machine too. Chapters 00 and 01 also
+# run with every worker started by spawn (as on macOS and Windows), and 06 and 07, whose printed
+# training results once moved with the CPU, on PyTorch's and MKL's plain kernels (which round
+# differently from the AVX2/AVX-512 ones, as a grader's CPU might): same stored outputs.
+# With a browser (make browser-deps), each lesson runs once in JupyterLab, which also compares
+# its outputs with the stored ones; those four run there in their other kernel, and nbval runs
+# them in the default one. Without a browser, nbval runs every lesson, then replays the four.
+# At the end, a table of where the time went (scripts/test_durations.py).
 TEST_CPUS ?= 8
 SPAWN_NOTEBOOKS := notebooks/00_preflight.ipynb notebooks/01_collectives.ipynb
 OTHER_CPU_NOTEBOOKS := notebooks/06_mixed_precision.ipynb notebooks/07_accumulation_large_batch.ipynb
+DURATIONS := .test-durations.jsonl
+BROWSER_READY := $(PY) -c "import sys; sys.path.insert(0, 'tests'); from browser import missing_requirements; sys.exit(1 if missing_requirements() else 0)"
+RECORD = COURSE_DURATIONS_FILE=$(DURATIONS) COURSE_TEST_STAGE
 
 test: $(STAMP)
-	COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL) -v
-	COURSE_START_METHOD=spawn $(PY) -m pytest $(SPAWN_NOTEBOOKS) $(NBVAL) -v
-	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE $(PY) -m pytest $(OTHER_CPU_NOTEBOOKS) $(NBVAL) -v
+	@rm -f $(DURATIONS)
+	@status=0; \
+	if $(BROWSER_READY) 2>/dev/null; then \
+	  echo "Lessons: once each in JupyterLab (outputs compared there); nbval runs $(SPAWN_NOTEBOOKS) $(OTHER_CPU_NOTEBOOKS)"; \
+	  $(RECORD)="tests, solutions and 4 lessons" COURSE_CPUS=$(TEST_CPUS) \
+	    COURSE_BROWSER_SPAWN="$(notdir $(SPAWN_NOTEBOOKS))" COURSE_BROWSER_PLAIN_KERNELS="$(notdir $(OTHER_CPU_NOTEBOOKS))" \
+	    $(PY) -m pytest tests solutions $(SPAWN_NOTEBOOKS) $(OTHER_CPU_NOTEBOOKS) $(NBVAL) -v || status=1; \
+	else \
+	  echo "No browser (make browser-deps): nbval runs every lesson, then replays four"; \
+	  $(RECORD)="tests, solutions and lessons" COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL) -v || status=1; \
+	  $(RECORD)="spawn replay" COURSE_START_METHOD=spawn $(PY) -m pytest $(SPAWN_NOTEBOOKS) $(NBVAL) -v || status=1; \
+	  $(RECORD)="plain-kernel replay" ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE \
+	    $(PY) -m pytest $(OTHER_CPU_NOTEBOOKS) $(NBVAL) -v || status=1; \
+	fi; \
+	$(PY) scripts/test_durations.py $(DURATIONS); \
+	exit $$status
 
 # The browser test's needs (tests/test_browser.py skips without them): Playwright from PyPI
 # and a Chromium; as root on Debian/Ubuntu this installs the distribution's chromium package.

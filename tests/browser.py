@@ -56,9 +56,10 @@ def _free_port() -> int:
 class JupyterLab:
     """A JupyterLab server on 127.0.0.1 serving ``root``; stopped (with its kernels) on exit."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, kernel_variants: dict[str, dict[str, str]] | None = None):
         self.root, self.port, self.token = root, _free_port(), secrets.token_hex(16)
         self.process = None
+        self.kernel_variants = kernel_variants or {}
 
     def __enter__(self) -> "JupyterLab":
         command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
@@ -70,7 +71,7 @@ class JupyterLab:
             command.append("--allow-root")
         self.log = open(self.root / "jupyterlab.log", "w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                        start_new_session=True, env=self._environment())
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
@@ -81,6 +82,31 @@ class JupyterLab:
             time.sleep(0.5)
         self.__exit__()
         raise RuntimeError(f"JupyterLab did not start; its log:\n{(self.root / 'jupyterlab.log').read_text()}")
+
+    def _environment(self) -> dict[str, str]:
+        """The server's environment, with a kernel spec per variant (its own environment variables)."""
+        env = dict(os.environ)
+        if not self.kernel_variants:
+            return env
+        specs = self.root / ".kernels"
+        for name, variables in self.kernel_variants.items():
+            folder = specs / "kernels" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "kernel.json").write_text(json.dumps({
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": f"Python 3 ({name})", "language": "python", "env": variables}))
+        env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(specs), env.get("JUPYTER_PATH")]))
+        return env
+
+    def use_kernel(self, name: str, variant: str) -> None:
+        """Open notebook ``name`` (the lab's copy) with the kernel of ``variant``."""
+        if variant not in self.kernel_variants:
+            raise ValueError(f"no kernel variant {variant!r}; known: {sorted(self.kernel_variants)}")
+        path = self.root / name
+        notebook = json.loads(path.read_text())
+        notebook.setdefault("metadata", {})["kernelspec"] = {
+            "name": variant, "display_name": f"Python 3 ({variant})", "language": "python"}
+        path.write_text(json.dumps(notebook, indent=1))
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
