@@ -32,4 +32,15 @@ def pytest_sessionfinish(session, exitstatus):
             out.write(json.dumps({"stage": stage, "test": nodeid, "seconds": round(seconds, 2),
                                   "outcome": _outcomes.get(nodeid, "passed")}) + "\n")
         out.write(json.dumps({"stage": stage, "test": None, "seconds": round(time.monotonic() - _started, 2),
+                              "cpu_seconds": round(_cpu_seconds(), 1),
                               "outcome": "failed" if exitstatus else "passed"}) + "\n")
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this run and of every process it started and waited for (kernels, workers, ...)."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0.0
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in used)

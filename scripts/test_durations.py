@@ -19,13 +19,9 @@ def read(path: Path) -> list[dict]:
 
 
 def file_of(test: str) -> str:
-    """A notebook, or a test module with its parametrised case (one browser lesson, one chapter's grading)."""
-    path, _, rest = test.partition("::")
-    if path.endswith(".ipynb"):
-        return path
-    if "[" in rest:
-        return f"{path}::{rest.split('[')[0].split('::')[-1]}[{rest.split('[', 1)[1]}"
-    return path
+    """The test module or notebook a test belongs to (each browser lesson and each chapter's
+    grading is a test of its own, so they show in the list of single tests)."""
+    return test.partition("::")[0]
 
 
 def minutes(seconds: float) -> str:
@@ -35,14 +31,17 @@ def minutes(seconds: float) -> str:
 def table(entries: list[dict], top: int) -> str:
     runs = [e for e in entries if e["test"] is None]
     tests = [e for e in entries if e["test"] is not None]
-    lines = ["", "Where `make test` spent its time", "", "stage (one pytest run each)            wall"]
+    lines = ["", "Where `make test` spent its time", "",
+             "stage (one pytest run each)            wall        CPU time (cores busy on average)"]
     for run in runs:
-        lines.append(f"  {run['stage']:<36} {minutes(run['seconds'])}  {run['outcome']}")
+        cpu = run.get("cpu_seconds") or 0.0
+        busy = f"{minutes(cpu)} ({cpu / run['seconds']:.1f})" if cpu and run["seconds"] else "     -"
+        lines.append(f"  {run['stage']:<36} {minutes(run['seconds'])}  {busy}  {run['outcome']}")
     lines.append(f"  {'all stages':<36} {minutes(sum(r['seconds'] for r in runs))}")
     by_file: dict[tuple[str, str], float] = defaultdict(float)
     for e in tests:
         by_file[e["stage"], file_of(e["test"])] += e["seconds"]
-    lines += ["", f"the {top} slowest files, notebooks and parametrised cases (summed test time)"]
+    lines += ["", f"the {top} slowest test modules and notebooks (their tests summed)"]
     for (stage, name), seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {minutes(seconds)}  {name}  [{stage}]")
     lines += ["", f"the {top} slowest single tests or notebook cells"]
