@@ -1062,6 +1062,19 @@ def _load_data(payload: bytes, rank: int, world_size: int):
                                "and lists/tuples/dicts of them)", "", world_size) from None
 
 
+_MEMORY_SAMPLE_SECONDS = 0.01
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _resident_bytes(pid) -> int:
+    """A process's resident memory now (Linux), or 0."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class _Waiter:
     """Collects each rank's messages until all have returned, one fails, or time runs out."""
 
@@ -1069,6 +1082,7 @@ class _Waiter:
         self.procs, self.conns, self.paths, self.live_view = procs, result_conns, paths, live_view
         self.judged = judged
         self.measurements = [None] * len(procs)
+        self.sampled_rss = [0] * len(procs)  # judged: the most resident memory seen from outside
         self.world_size = len(procs)
         self.results = [None] * self.world_size
         self.pending = set(range(self.world_size))
@@ -1079,9 +1093,12 @@ class _Waiter:
     def wait(self, timeout, startup_timeout):
         launched = time.monotonic()
         fn_deadline = None
+        poll = _MEMORY_SAMPLE_SECONDS if self.judged else 0.1
         while self.pending:
+            if self.judged:
+                self._sample_memory()
             watched = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
-            for ready in wait_for_any(watched, timeout=0.1):
+            for ready in wait_for_any(watched, timeout=poll):
                 self._handle(ready)
             now = time.monotonic()
             if fn_deadline is None and len(self.entered) == self.world_size:
@@ -1145,12 +1162,21 @@ class _Waiter:
             raise WorkerError(rank, "ProtocolError", "the worker sent a message that is not the launcher's", "",
                               self.world_size) from None
 
+    def _sample_memory(self):
+        for rank in self.pending:
+            rss = _resident_bytes(self.procs[rank].pid)
+            if rss > self.sampled_rss[rank]:
+                self.sampled_rss[rank] = rss
+
     def measure(self, rank, payload_bytes):
         """What the kernel counted for this rank, read while it waits to be released.
 
         ``sent_bytes``: bytes the process wrote (write/writev: gloo's TCP sends count here)
         minus what the launcher itself knows it wrote (the result, the output files).
-        ``peak_rss_bytes``: the process's peak resident memory. Linux only (else None).
+        ``peak_rss_bytes``: the process's peak resident memory: the larger of the kernel's
+        high-water mark (VmHWM, which the process itself can reset through
+        /proc/self/clear_refs) and the resident memory sampled from here every 10 ms.
+        Linux only (else None).
         """
         pid = self.procs[rank].pid
         try:
@@ -1162,8 +1188,9 @@ class _Waiter:
             return None
         own = payload_bytes + sum(os.path.getsize(path) for kind in ("out", "err", "progress")
                                   for path in [self.paths[kind][rank]] if os.path.exists(path))
-        peak = status.get("VmHWM", "0 kB").split()[0]
-        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": int(peak) * 1024}
+        self._sample_memory()
+        peak = max(int(status.get("VmHWM", "0 kB").split()[0]) * 1024, self.sampled_rss[rank])
+        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak}
 
     def _died(self, rank) -> WorkerError:
         proc = self.procs[rank]
