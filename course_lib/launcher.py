@@ -99,6 +99,7 @@ _RESULT_OK = "ok"
 _RESULT_ERROR = "error"
 _RESULT_UNSENDABLE = "unsendable"
 _RESULT_STARTED = "started"
+_RESULT_BASELINE = "baseline"  # judged: what the worker had written before any learner code ran
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # absent on Windows
 _LIVE_REFRESH_S = 0.5
 # What the launch server imports once, so that its children start warm. torch._dynamo
@@ -597,6 +598,18 @@ def _run_prelude(prelude) -> None:
 PRELUDE_ERRORS: list = []  # in a judged worker: (cell label, exception type, message) per failing cell
 
 
+def _bytes_written_so_far(spec) -> int | None:
+    """This process's written bytes (Linux) minus its output files': sockets and pipes so far."""
+    try:
+        with open("/proc/self/io") as f:
+            counts = dict(line.split(": ") for line in f.read().splitlines() if ": " in line)
+        files = sum(os.path.getsize(path) for path in (spec.out_path, spec.err_path, spec.progress_path)
+                    if os.path.exists(path))
+        return int(counts["wchar"]) - files
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _data_payload(result) -> bytes:
     """The result as torch.save bytes; the parent accepts them only as plain data (_load_data)."""
     import torch
@@ -627,6 +640,9 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
         dist.set_debug_level_from_env()
     try:
         if spec.judged is not None:
+            # Counted before the learner's code: what starting the interpreter wrote (spawn's
+            # fresh Python runs `ldconfig -p`, and a reaped child's writes count as the parent's).
+            _report(result_conn, (_RESULT_BASELINE, _bytes_written_so_far(spec)))
             _run_prelude(spec.judged.prelude)
         fn, args, kwargs = cloudpickle.loads(spec.payload)
         if spec.backend is not None:
@@ -1083,6 +1099,7 @@ class _Waiter:
         self.judged = judged
         self.measurements = [None] * len(procs)
         self.sampled_rss = [0] * len(procs)  # judged: the most resident memory seen from outside
+        self.baselines = {}  # judged: rank -> bytes written before the learner's code ran
         self.world_size = len(procs)
         self.results = [None] * self.world_size
         self.pending = set(range(self.world_size))
@@ -1129,7 +1146,9 @@ class _Waiter:
         except EOFError:  # the pipe closed with nothing in it: the process died
             raise self._died(rank) from None
         kind = message[0]
-        if kind == _RESULT_STARTED:
+        if kind == _RESULT_BASELINE:
+            self.baselines[rank] = message[1]
+        elif kind == _RESULT_STARTED:
             self.entered.add(rank)
         elif kind in (_RESULT_ERROR, _RESULT_UNSENDABLE):
             error_class = UnsendableResult if kind == _RESULT_UNSENDABLE else WorkerError
@@ -1151,8 +1170,11 @@ class _Waiter:
         try:
             message = json.loads(raw.decode("utf-8"))
             if not isinstance(message, list) or not message or message[0] not in (
-                    _RESULT_STARTED, _RESULT_ERROR, _RESULT_UNSENDABLE, _RESULT_OK):
+                    _RESULT_STARTED, _RESULT_BASELINE, _RESULT_ERROR, _RESULT_UNSENDABLE, _RESULT_OK):
                 raise ValueError
+            if message[0] == _RESULT_BASELINE:
+                if rank in self.baselines or len(message) != 2 or not isinstance(message[1], (int, type(None))):
+                    raise ValueError  # once, before the learner's code: a second one is forged
             if message[0] in (_RESULT_ERROR, _RESULT_UNSENDABLE):
                 _, exc_type, text, frames = message
                 frames = [(str(f), int(n), str(name), str(line)) for f, n, name, line in frames]
@@ -1172,7 +1194,8 @@ class _Waiter:
         """What the kernel counted for this rank, read while it waits to be released.
 
         ``sent_bytes``: bytes the process wrote (write/writev: gloo's TCP sends count here)
-        minus what the launcher itself knows it wrote (the result, the output files).
+        since it reported its baseline (before the learner's code ran), minus what the launcher
+        itself knows it wrote (the result, the output files).
         ``peak_rss_bytes``: the process's peak resident memory: the larger of the kernel's
         high-water mark (VmHWM, which the process itself can reset through
         /proc/self/clear_refs) and the resident memory sampled from here every 10 ms.
@@ -1188,6 +1211,7 @@ class _Waiter:
             return None
         own = payload_bytes + sum(os.path.getsize(path) for kind in ("out", "err", "progress")
                                   for path in [self.paths[kind][rank]] if os.path.exists(path))
+        own += self.baselines.get(rank) or 0  # written before the learner's code ran
         self._sample_memory()
         peak = max(int(status.get("VmHWM", "0 kB").split()[0]) * 1024, self.sampled_rss[rank])
         return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak}

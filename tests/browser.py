@@ -218,7 +218,11 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=120_000)
     page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null"
                            " || document.querySelector('.jp-KernelStatus') !== null", timeout=60_000)
-    time.sleep(2)  # let the kernel connect
+    # Run All only once the kernel is connected and idle: cells run while it still says
+    # "Connecting" can be lost (a slow kernel start, e.g. on a loaded machine).
+    page.wait_for_function("() => /\\|\\s*Idle/.test((document.querySelector('#jp-main-statusbar') || {}).textContent"
+                           " || '')", timeout=120_000)
+    time.sleep(1)
     if shots:
         page.screenshot(path=str(shots / f"{Path(name).stem}-top.png"))
     page.evaluate(_WATCH_PROGRESS)
