@@ -80,6 +80,7 @@ def screenshots():
     return folder
 
 
+@pytest.mark.timeout(900)  # above run_notebook's own 600 s, so a slow lesson is reported with what the page shows
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_runs_in_jupyterlab_as_stored(lab, screenshots, name):
     server, page = lab
