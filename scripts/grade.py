@@ -134,7 +134,6 @@ class Reference:
     answer_ids: dict[str, int]  # grade_id -> answer cell index
     checks: list[Check]
     hidden_lines: set[str]
-    judged: bool = True  # its setup creates a course_lib.grading.Learner: answers never run in the judge
 
     @property
     def max_points(self) -> float:
@@ -181,7 +180,11 @@ def load_reference(solution_path: Path) -> Reference:
             hidden |= hidden_test_lines(cell.source)
     judged = any("Learner(" in cell.source for cell in solution.cells
                  if cell.cell_type == "code" and not nbgrader_meta(cell).get("solution"))
-    return Reference(solution_path.name, solution, stubs, answer_ids, checks, hidden, judged)
+    if not judged:  # its answers would have to run in the kernel that decides the verdicts
+        raise ValueError(f"{solution_path}: no setup cell creates a course_lib.grading.Learner, so its checks would "
+                         "run the answers in the judge's own kernel; create `learner = Learner(answers=(...))` in "
+                         "the setup cell and call the answers through learner.launch / learner.call")
+    return Reference(solution_path.name, solution, stubs, answer_ids, checks, hidden)
 
 
 # --------------------------------------------------------------------------
@@ -231,13 +234,10 @@ def student_answers(submission: nbformat.NotebookNode) -> dict[str, str]:
 def batch_split(reference: Reference) -> int | None:
     """Where the cells a judge runs once end and those it runs per submission begin, or None.
 
-    A judged notebook's setup cell (the one creating the Learner) and the cells before it run
-    once; the rest (answers, checks, their helpers) run again for each submission the judge
-    grades in turn. None when the notebook cannot be graded that way (answers run in the kernel,
-    or an answer or check cell comes before the setup).
+    The setup cell (the one creating the Learner) and the cells before it run once; the rest
+    (answers, checks, their helpers) run again for each submission the judge grades in turn.
+    None when an answer or check cell comes before the setup (one judge per submission then).
     """
-    if not reference.judged:
-        return None
     setup = next((index for index, cell in enumerate(reference.notebook.cells)
                   if cell.cell_type == "code" and "Learner(" in cell.source
                   and not nbgrader_meta(cell).get("solution")), None)
@@ -294,11 +294,7 @@ def merge_many(reference: Reference, submissions: list[dict[str, str]]
                 else:
                     source = reference.stubs[index]
                     notes.append(f"answer cell {grade_id!r} was not found in your notebook: graded as not answered")
-                if reference.judged:
-                    cell.source = ANSWER_CELL.format(label=json.dumps(f"answer cell {grade_id}"),
-                                                     source=json.dumps(source))
-                else:  # a notebook whose checks do not use course_lib.grading.Learner: answers run in the kernel
-                    cell.source = source
+                cell.source = ANSWER_CELL.format(label=json.dumps(f"answer cell {grade_id}"), source=json.dumps(source))
             if index in graded_cells:
                 without_nbval_markers(cell)
             cells.append((cell, (number, index)))
@@ -713,7 +709,10 @@ def main(argv: list[str]) -> int:
         parser.error(f"no solution notebook in {options.solutions} for: {', '.join(missing)}")
     for problem in stale_files(options.solutions, options.exercises):
         print(f"warning: {problem}", file=sys.stderr)
-    references = {name: load_reference(options.solutions / name) for name in names}
+    try:
+        references = {name: load_reference(options.solutions / name) for name in names}
+    except ValueError as exc:
+        parser.error(str(exc))
     maxima = {name: references[name].max_points for name in names}
     students = sorted(p.name for p in options.submissions.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
     if not students:

@@ -347,3 +347,18 @@ def test_a_class_is_split_into_judge_runs_that_keep_every_job_busy():
     assert sizes == {COLLECTIVES: [6, 7, 7], BASICS: [3]}
     assert sorted(x for name, batch in tasks if name == COLLECTIVES for x in batch) == list(range(20))
     assert all(len(batch) == 1 for _, batch in grade.plan_batches(pending, references, jobs=2, max_batch=1))
+
+
+def test_a_solution_whose_checks_would_run_answers_in_the_judge_is_refused(tmp_path):
+    solution = read_notebook(FIXTURES / BASICS)
+    for cell in solution.cells:
+        cell.source = "\n".join(line for line in cell.source.splitlines() if "Learner(" not in line)
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(solution, tmp_path / "solutions" / BASICS)
+    (tmp_path / "exercises").mkdir()
+    nbformat.write(exercise(BASICS), tmp_path / "exercises" / BASICS)
+    (tmp_path / "class" / "alice").mkdir(parents=True)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(tmp_path / "class"),
+                           "--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "creates a course_lib.grading.Learner" in proc.stderr, proc.stderr
