@@ -47,6 +47,16 @@ def missing_requirements() -> str | None:
     return None
 
 
+def _stop_when_parent_dies() -> None:
+    """In the server's process before it starts (Linux): SIGTERM when the test process dies,
+    even killed outright, so no JupyterLab and kernels are left behind by a killed test run."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -71,7 +81,8 @@ class JupyterLab:
             command.append("--allow-root")
         self.log = open(self.root / "jupyterlab.log", "w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=self._environment())
+                                        start_new_session=True, env=self._environment(),
+                                        preexec_fn=_stop_when_parent_dies)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
