@@ -19,8 +19,9 @@ to pass it through ``args`` instead. ``args`` that are literals are written into
 others (tensors, for example) go into ``<script>.args.pt`` next to it.
 
 A function that calls ``dist.init_process_group`` itself is left to do so; otherwise the
-script initialises the default group (NCCL with one GPU per process when there are enough
-GPUs, else gloo) the way ``launch`` does. The script prints each rank's return value, or,
+script initialises the default group: gloo for CPU tensors and, when each process has a GPU
+of its own, NCCL for CUDA tensors on it (``cuda:LOCAL_RANK`` when every process sees all of the
+node's GPUs, ``cuda:0`` when each sees only its own). The script prints each rank's return value, or,
 when ``course_lib.torchrun`` runs it, saves it so the notebook gets it back.
 """
 
@@ -43,6 +44,27 @@ DEFAULT_PREAMBLE = "import os\nimport torch\nimport torch.distributed as dist\n"
 _ENTRY = r'''
 
 # ---------------------------------------------------------------- written by course_lib: the entry point
+def _gpu_of_this_rank():
+    """This rank's GPU index, or None (no GPU of its own: the CPU and gloo).
+
+    NCCL needs one GPU per rank. A launcher gives each rank its GPU in one of two ways:
+    every rank sees all of the node's GPUs and takes cuda:LOCAL_RANK (torchrun's default), or
+    each rank sees only its own, as cuda:0 (CUDA_VISIBLE_DEVICES set per rank: srun
+    --gpus-per-task=1, torchrun --virtual-local-rank).
+    """
+    import os
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    visible = torch.cuda.device_count()
+    if visible >= int(os.environ["LOCAL_WORLD_SIZE"]):  # all of the node's GPUs
+        return int(os.environ["LOCAL_RANK"])
+    if visible == 1 and os.environ.get("CUDA_VISIBLE_DEVICES"):  # this rank's own GPU only
+        return 0
+    return None  # fewer GPUs than ranks, all visible to all: the ranks would have to share them
+
+
 def _course_entry():
     import os
     import torch
@@ -60,11 +82,10 @@ def _course_entry():
             note.write(__file__)
     if {initialise!r}:  # {why}
         # torchrun has set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the env:// method reads them.
-        local_world = int(os.environ["LOCAL_WORLD_SIZE"])
-        use_nccl = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-        if use_nccl:
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        _dist.init_process_group("cpu:gloo,cuda:nccl" if use_nccl else "gloo")
+        gpu = _gpu_of_this_rank()
+        if gpu is not None:
+            torch.cuda.set_device(gpu)  # NCCL works on the current device
+        _dist.init_process_group("cpu:gloo,cuda:nccl" if gpu is not None else "gloo")
     try:
         result = {name}(*{args})
         if _dist.is_available() and _dist.is_initialized():

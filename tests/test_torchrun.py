@@ -140,3 +140,48 @@ def test_a_notebook_s_own_open_is_left_to_the_builtin(tmp_path):
     script = write_torchrun_script(cell.writes_a_file, tmp_path / "writes.py").read_text()
     assert "def writes_a_file" in script
     assert "def open" not in script and "notebook_open" not in script
+
+
+def _returns_one():
+    return 1
+
+
+def _load_script(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines the functions; the entry runs only as __main__
+    return module
+
+
+# (GPUs the rank sees, CUDA_VISIBLE_DEVICES, LOCAL_RANK) -> the device the script puts the rank on
+GPU_LAYOUTS = {
+    "no GPU": (0, None, "1", None),
+    "one GPU per rank, each sees only its own as cuda:0": (1, "3", "0", 0),
+    "one GPU per rank, torchrun --virtual-local-rank": (1, "1", "0", 0),
+    "all four GPUs visible, cuda:LOCAL_RANK": (4, None, "1", 1),
+    "all four GPUs visible, CUDA_VISIBLE_DEVICES listing them": (4, "0,1,2,3", "3", 3),
+    "one GPU visible to both ranks: not their own": (1, None, "1", None),
+}
+
+
+@pytest.mark.parametrize("layout", GPU_LAYOUTS)
+def test_the_script_picks_nccl_and_the_device_in_every_gpu_layout(layout, tmp_path, monkeypatch, capfd):
+    visible, cuda_visible, local_rank, expected_gpu = GPU_LAYOUTS[layout]
+    module = _load_script(write_torchrun_script(_returns_one, tmp_path / "one.py"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    for name, value in {"RANK": local_rank, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4",
+                        "CUDA_VISIBLE_DEVICES": cuda_visible, "COURSE_TORCHRUN_OUTPUT": None}.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert module._gpu_of_this_rank() == expected_gpu
+    devices, backends = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: backends.append(backend))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # nothing to tear down: no group was made
+    module._course_entry()
+    assert backends == ["gloo" if expected_gpu is None else "cpu:gloo,cuda:nccl"]
+    assert devices == ([] if expected_gpu is None else [expected_gpu])
+    assert capfd.readouterr().out == f"[rank {local_rank}] returned 1\n"
