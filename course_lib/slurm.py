@@ -9,10 +9,15 @@
 
 Both take the head node's address from ``scontrol show node`` (NodeAddr: on clusters whose
 node names don't resolve, as on the course's one-machine cluster, the name would not work),
-check that it resolves, pick a free port on the head node (never a fixed one), and bound every
-wait (``--time`` for the job, a short rendezvous timeout), so a wrong address fails in seconds
-instead of hanging. ``submit`` submits a script with ``sbatch``, waits for it under a timeout and
-cancels the job if the timeout passes. ``cluster_up`` says whether a Slurm controller answers
+check that it resolves, pick a free port on the head node (never a fixed one), and bound the
+start-up (a short rendezvous timeout), so a wrong address fails in seconds instead of hanging.
+Nothing in them limits how long the training itself runs: ``time_limit`` adds ``#SBATCH --time``
+only when asked (the course's demo jobs ask for a few minutes; a real job asks for what it needs).
+Options for real clusters: ``cpus_per_process`` (``--cpus-per-task`` and ``OMP_NUM_THREADS``),
+``gpus_per_node`` (one GPU per worker) and ``requeue_before_s`` (preemption: Slurm signals the
+batch script that long before the time limit, and the script puts the job back in the queue).
+``submit`` submits a script with ``sbatch``, waits for it under a timeout and cancels the job if
+the timeout passes. ``cluster_up`` says whether a Slurm controller answers
 (``scripts/slurm_cluster.sh up`` starts the course's local one).
 """
 
@@ -63,9 +68,8 @@ _HEADER = """#!/bin/bash
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node={tasks_per_node}
-#SBATCH --time={time_limit}
 #SBATCH --output={output}
-{gpu_line}set -euo pipefail
+{options}set -euo pipefail
 
 # The head node is the first of the job's nodes. Take its address from Slurm: a node's name
 # need not resolve (emulated nodes, some clusters), its NodeAddr does.
@@ -77,16 +81,26 @@ PORT={free_port}
 echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes, head $HEAD_NODE at $HEAD_ADDR:$PORT"
 """
 
+_CPUS = """# srun does not pass the job's --cpus-per-task on to its tasks (Slurm 22.05 and later): say it again.
+export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK OMP_NUM_THREADS={threads}
+"""
+
+_REQUEUE = """# Preemption: {seconds} s before the time limit (or when the scheduler preempts the job) Slurm
+# sends SIGUSR1 to this batch script (--signal=B:USR1@{seconds}). It puts the job back in the
+# queue; the new run resumes from the training's last snapshot (chapter 04, section 4).
+trap 'echo "SIGUSR1: requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID"' USR1
+"""
+
 _TORCHRUN_BODY = """
 # One torchrun agent per node; the agents meet at the head's address (c10d rendezvous) and
 # each starts {procs} workers. --rdzv-id keeps two jobs on one head apart; join_timeout bounds
-# the wait for a node that never arrives.
+# the wait for a node that never arrives (not the training).
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\
     {python} -m torch.distributed.run \\
     --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={procs} \\
     --rdzv-backend=c10d --rdzv-endpoint="$HEAD_ADDR:$PORT" --rdzv-id="$SLURM_JOB_ID" \\
     --rdzv-conf=join_timeout={join_timeout} \\
-    {script}
+    {script}{wait}
 """
 
 _SRUN_BODY = """
@@ -95,26 +109,53 @@ export MASTER_ADDR="$HEAD_ADDR" MASTER_PORT="$PORT"
 srun --kill-on-bad-exit=1 bash -c '
     export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS
     export LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE GROUP_RANK=$SLURM_NODEID
-    exec timeout {join_timeout_total} {python} {script}'
+    exec {python} {script}'{wait}
 """
+
+# bash runs a trap only between commands: with one, srun goes to the background and the script waits
+# for it (wait returns when SIGUSR1 arrives, the trap requeues the job).
+_WAIT = " &\nwait $!"
 
 
 def sbatch_script(script: str | Path, nodes: int = 2, procs_per_node: int = 2, *, form: str = "torchrun",
-                  gpus_per_node: int = 0, time_limit: str = "00:05:00", job_name: str = "course",
-                  output: str = "slurm-%j.out", join_timeout: int = 60, python: str | None = None) -> str:
-    """The text of an sbatch script that runs ``script`` on ``nodes`` x ``procs_per_node`` processes."""
+                  gpus_per_node: int = 0, cpus_per_process: int | None = None, time_limit: str | None = None,
+                  requeue_before_s: int | None = None, job_name: str = "course", output: str = "slurm-%j.out",
+                  join_timeout: int = 60, python: str | None = None) -> str:
+    """The text of an sbatch script that runs ``script`` on ``nodes`` x ``procs_per_node`` processes.
+
+    ``gpus_per_node``: one GPU per worker. The torchrun form asks for the node's GPUs (``--gres``) and
+    each worker takes ``cuda:LOCAL_RANK``; the srun form asks for one GPU per task
+    (``--gpus-per-task=1``), which the task sees alone, as ``cuda:0``.
+    ``cpus_per_process``: cores for each worker (``--cpus-per-task``; the torchrun form's one task
+    per node gets ``procs_per_node`` times as many), also its ``OMP_NUM_THREADS``.
+    ``time_limit``: ``#SBATCH --time`` ("HH:MM:SS"); None leaves the partition's default.
+    ``requeue_before_s``: requeue the job when Slurm signals it, that many seconds before the time limit.
+    """
     if form not in ("torchrun", "srun"):
         raise ValueError(f"form must be 'torchrun' or 'srun', not {form!r}")
     if nodes < 1 or procs_per_node < 1:
         raise ValueError("nodes and procs_per_node must be at least 1")
     python = python or sys.executable
+    tasks_per_node = 1 if form == "torchrun" else procs_per_node
+    options = []
+    if time_limit is not None:
+        options.append(f"--time={time_limit}")
+    if cpus_per_process:
+        options.append(f"--cpus-per-task={cpus_per_process * procs_per_node // tasks_per_node}")
+    if gpus_per_node:
+        options.append(f"--gres=gpu:{gpus_per_node}" if form == "torchrun" else "--gpus-per-task=1")
+    if requeue_before_s:
+        options += ["--requeue", f"--signal=B:USR1@{requeue_before_s}"]
     header = _HEADER.format(
-        job_name=job_name, nodes=nodes, tasks_per_node=1 if form == "torchrun" else procs_per_node,
-        time_limit=time_limit, output=output, free_port=FREE_PORT,
-        gpu_line=f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else "")
+        job_name=job_name, nodes=nodes, tasks_per_node=tasks_per_node, output=output, free_port=FREE_PORT,
+        options="".join(f"#SBATCH {option}\n" for option in options))
+    if cpus_per_process:
+        header += _CPUS.format(threads=cpus_per_process)
+    if requeue_before_s:
+        header += _REQUEUE.format(seconds=requeue_before_s)
     body = (_TORCHRUN_BODY if form == "torchrun" else _SRUN_BODY).format(
         procs=procs_per_node, python=shlex.quote(python), script=shlex.quote(str(script)),
-        join_timeout=join_timeout, join_timeout_total=join_timeout * 4)
+        join_timeout=join_timeout, wait=_WAIT if requeue_before_s else "")
     return header + body
 
 

@@ -7,8 +7,10 @@ failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -39,9 +41,9 @@ def cluster():
 
 
 @pytest.mark.parametrize("form", ["torchrun", "srun"])
-def test_generated_scripts_bound_every_wait_and_use_no_fixed_port(form, tmp_path):
-    text = slurm.sbatch_script(tmp_path / "train.py", nodes=3, procs_per_node=4, form=form, gpus_per_node=4)
-    assert "#SBATCH --nodes=3" in text and "#SBATCH --time=" in text and "#SBATCH --gpus-per-node=4" in text
+def test_generated_scripts_bound_the_start_up_and_use_no_fixed_port(form, tmp_path):
+    text = slurm.sbatch_script(tmp_path / "train.py", nodes=3, procs_per_node=4, form=form)
+    assert "#SBATCH --nodes=3" in text
     assert f"#SBATCH --ntasks-per-node={1 if form == 'torchrun' else 4}" in text
     assert "29500" not in text and "29400" not in text and "MASTER_PORT=1" not in text
     assert "NodeAddr" in text and "getent hosts" in text
@@ -50,6 +52,64 @@ def test_generated_scripts_bound_every_wait_and_use_no_fixed_port(form, tmp_path
     else:
         assert "RANK=$SLURM_PROCID" in text and "WORLD_SIZE=$SLURM_NTASKS" in text and "LOCAL_RANK=$SLURM_LOCALID" in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True, timeout=10)  # valid shell
+
+
+@pytest.mark.parametrize("form", ["torchrun", "srun"])
+def test_nothing_limits_the_training_unless_asked(form, tmp_path):
+    text = slurm.sbatch_script(tmp_path / "train.py", form=form)
+    assert not re.search(r"\btimeout \d", text) and "--time" not in text and "trap" not in text
+    assert "#SBATCH --time=00:05:00" in slurm.sbatch_script(tmp_path / "train.py", form=form, time_limit="00:05:00")
+
+
+@pytest.mark.parametrize(("form", "gpus", "cpus"), [("torchrun", "--gres=gpu:4", 8), ("srun", "--gpus-per-task=1", 2)])
+def test_gpus_and_cpus_per_worker(form, gpus, cpus, tmp_path):
+    text = slurm.sbatch_script(tmp_path / "train.py", nodes=2, procs_per_node=4, form=form, gpus_per_node=4,
+                               cpus_per_process=2)
+    assert f"#SBATCH {gpus}\n" in text and f"#SBATCH --cpus-per-task={cpus}\n" in text
+    assert "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK OMP_NUM_THREADS=2" in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True, timeout=10)
+
+
+FAKE_SCONTROL = """#!/bin/bash
+case "$1 $2" in
+  "show hostnames") echo n1 ;;
+  "show node") echo "NodeName=n1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=n1" ;;
+  requeue*) echo "requeue $2" >> "$CALLS" ;;
+esac
+"""
+FAKE_SRUN = "#!/bin/bash\necho started >> \"$CALLS\"\nexec sleep 60\n"
+
+
+@pytest.mark.parametrize("form", ["torchrun", "srun"])
+def test_the_preemption_signal_requeues_the_job(form, tmp_path):
+    """The batch script run by bash, with stand-ins for scontrol and srun: SIGUSR1 requeues it at once."""
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    script = slurm.sbatch_script(tmp_path / "train.py", form=form, time_limit="01:00:00", requeue_before_s=120)
+    assert "#SBATCH --requeue\n" in script and "#SBATCH --signal=B:USR1@120\n" in script
+    (tmp_path / "job.sbatch").write_text(script)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "CALLS": str(calls), "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1"}
+    log = open(tmp_path / "slurm-42.out", "w")
+    job = subprocess.Popen(["bash", str(tmp_path / "job.sbatch")], env=env, stdout=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (calls.exists() and "started" in calls.read_text()):
+            assert time.monotonic() < deadline, "srun never started"
+            time.sleep(0.05)
+        started = time.monotonic()
+        job.send_signal(signal.SIGUSR1)  # what Slurm sends 120 s before the time limit
+        job.wait(timeout=10)  # the requeued job's steps are Slurm's to stop (here: the finally below)
+        assert time.monotonic() - started < 5, "the script waited for srun instead of handling the signal"
+        assert calls.read_text().splitlines() == ["started", "requeue 42"]
+        assert "SIGUSR1: requeueing job 42" in (tmp_path / "slurm-42.out").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)  # the stand-in srun's sleep, whatever happened
+        job.wait(timeout=10)
+        log.close()
 
 
 def test_bad_arguments_say_what_is_wrong(tmp_path):
@@ -63,7 +123,7 @@ def test_bad_arguments_say_what_is_wrong(tmp_path):
 def test_a_two_node_job_forms_one_world(form, cluster, tmp_path):
     script = write_torchrun_script(where_am_i, tmp_path / "where_am_i.py")
     started = time.monotonic()
-    job = slurm.submit(slurm.sbatch_script(script, 2, 2, form=form, join_timeout=30), timeout=240,
+    job = slurm.submit(slurm.sbatch_script(script, 2, 2, form=form, join_timeout=30, time_limit="00:05:00"), timeout=240,
                        show_output=False, workdir=tmp_path)
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job.log
     assert [(r["RANK"], r["GROUP_RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["sum"]) for r in job.results] == [
@@ -74,7 +134,7 @@ def test_a_two_node_job_forms_one_world(form, cluster, tmp_path):
 
 def test_an_address_that_does_not_resolve_fails_fast(cluster, tmp_path):
     script = write_torchrun_script(where_am_i, tmp_path / "where_am_i.py")
-    text = slurm.sbatch_script(script, 2, 1, form="srun")
+    text = slurm.sbatch_script(script, 2, 1, form="srun", time_limit="00:05:00")
     text = re.sub(r"^HEAD_ADDR=.*$", "HEAD_ADDR=n1.invalid", text, flags=re.MULTILINE)
     started = time.monotonic()
     job = slurm.submit(text, timeout=120, show_output=False, workdir=tmp_path)
