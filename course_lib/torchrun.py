@@ -272,10 +272,10 @@ class Nodes:
     def __exit__(self, *exc) -> None:
         _stop(list(self.agents.values()), self.folder)
 
-    def start(self, name: str) -> Agent:
-        """Start one more agent (a node joining the job)."""
+    def start(self, name: str, env: dict[str, str] | None = None) -> Agent:
+        """Start one more agent (a node joining the job); ``env``: variables for this node only."""
         agent = Agent(self.command, self.folder / f"agent-{name}.log")
-        agent.start(self.env, cwd=self.script.parent)
+        agent.start({**self.env, **(env or {})}, cwd=self.script.parent)
         self.agents[name] = agent
         return agent
 
