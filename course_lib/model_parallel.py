@@ -1,16 +1,7 @@
-"""Instruments for model, pipeline and tensor parallelism: what ran, what was kept, when.
+"""Instruments for model, pipeline and tensor parallelism: what was kept, and when.
 
-Defined in chapter 09 (model, pipeline and tensor parallelism). Three instruments, each
-measuring what actually happened rather than what a function name promises:
-
-* ``CollectiveCounter`` - a ``TorchDispatchMode`` that records every collective and
-  point-to-point op that reached the dispatcher on this rank (``dist.all_reduce``,
-  ``dist.send``, DTensor's functional collectives, whatever module path called them),
-  with the bytes each one carried::
-
-      with CollectiveCounter() as counter:
-          y = model(x)
-      counter.count("all_reduce"), counter.bytes("send")
+Defined in chapter 09 (model, pipeline and tensor parallelism). The communication that ran on
+a rank is counted with ``course_lib.comm_audit.CommAudit`` (chapter 05); this module adds:
 
 * ``SavedTensorMeter`` - ``torch.autograd.graph.saved_tensors_hooks`` that track how
   many bytes autograd holds for backward right now and at most (parameters excluded:
@@ -23,6 +14,10 @@ measuring what actually happened rather than what a function name promises:
           loss.backward()
       meter.peak_bytes
 
+  What ``torch.utils.checkpoint`` recomputes in backward is held by checkpoint itself, outside
+  these hooks: chapter 09 reads the meter when a recomputation starts and adds what that
+  segment saves, measured on its own.
+
 * pipeline pictures - ``plot_pipeline`` draws per-rank spans ``(kind, label, start_s,
   end_s)`` with the micro-batch written in each box, ``bubble_fraction`` measures the
   idle share of such a timeline, and ``schedule_slider`` shows several measured
@@ -32,56 +27,8 @@ measuring what actually happened rather than what a function name promises:
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from .comm_audit import _tensor_bytes  # bytes of a tensor or a (nested) list of them
 
-__all__ = ["CollectiveCounter", "SavedTensorMeter", "plot_pipeline", "bubble_fraction", "schedule_slider"]
-
-# Dispatcher op names (c10d's eager ops and the functional collectives DTensor uses)
-# mapped to the names the course uses.
-_OP_NAMES = {
-    "allreduce_": "all_reduce", "all_reduce": "all_reduce",
-    "allgather_": "all_gather", "all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
-    "allgather_into_tensor_coalesced_": "all_gather",
-    "reduce_scatter_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "_reduce_scatter_base_": "reduce_scatter",
-    "broadcast_": "broadcast", "broadcast": "broadcast",
-    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
-    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
-    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "barrier": "barrier",
-}
-
-
-class CollectiveCounter(TorchDispatchMode):
-    """Records the communication ops that ran on this rank while the mode was active.
-
-    ``calls`` is a list of ``(name, bytes)`` in the order they ran; ``name`` is one of
-    ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``send``, ``recv``,
-    ... whatever Python route called it. Bytes are those of the first tensor argument
-    (the data the op sends or receives on this rank).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        namespace, op = func.namespace, func._opname  # e.g. "c10d", "allreduce_"
-        if namespace in ("c10d", "_c10d_functional", "c10d_functional") and op in _OP_NAMES:
-            self.calls.append((_OP_NAMES[op], _tensor_bytes(args[0]) if args else 0))
-        return func(*args, **(kwargs or {}))
-
-    def count(self, name: str) -> int:
-        """How many ``name`` ops ran (e.g. ``"all_reduce"``)."""
-        return sum(1 for op, _ in self.calls if op == name)
-
-    def bytes(self, name: str) -> int:
-        """Bytes carried by all ``name`` ops together."""
-        return sum(size for op, size in self.calls if op == name)
-
-    def names(self) -> list[str]:
-        """The op names in the order they ran."""
-        return [op for op, _ in self.calls]
+__all__ = ["SavedTensorMeter", "plot_pipeline", "bubble_fraction", "schedule_slider"]
 
 
 class _Held:

@@ -1,4 +1,4 @@
-"""course_lib.model_parallel: the counter sees every route to a collective, the meter counts what autograd keeps."""
+"""course_lib.model_parallel: the meter counts what autograd keeps; CommAudit counts chapter 09's communication."""
 
 import torch
 import torch.distributed as dist
@@ -6,42 +6,30 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint_sequential
 
 from course_lib import launch
-from course_lib.model_parallel import CollectiveCounter, SavedTensorMeter, bubble_fraction
+from course_lib.comm_audit import CommAudit
+from course_lib.model_parallel import SavedTensorMeter, bubble_fraction
 
 
-def _collectives_by_every_route():
-    from torch.distributed import distributed_c10d
+def _chapter_09_communication():
+    # What chapter 09 counts: point-to-point between stages, and DTensor's functional all-reduce.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
 
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    partial = DTensor.from_local(torch.ones(4, 2), mesh, [Partial()])   # a partial sum on every rank
     tensor = torch.ones(8)
-    with CollectiveCounter() as counter:
-        dist.all_reduce(tensor)
-        distributed_c10d.all_reduce(tensor)                                    # another module path
-        dist.group.WORLD.allreduce([tensor]).wait()                            # the ProcessGroup object
-        pieces = [torch.empty(8) for _ in range(dist.get_world_size())]
-        dist.all_gather(pieces, tensor)
+    with CommAudit() as audit:
         if dist.get_rank() == 0:
             dist.send(tensor, dst=1)
         else:
             dist.recv(tensor, src=0)
-    return counter.calls
+        partial.redistribute(mesh, [Replicate()]).to_local()
+    return [(op.name, op.bytes) for op in audit.calls]
 
 
-def test_counter_sees_every_route_and_the_bytes():
-    calls = launch(_collectives_by_every_route, world_size=2, timeout=60, show_output=False)
-    assert calls[0] == [("all_reduce", 32)] * 3 + [("all_gather", 64), ("send", 32)]
-    assert calls[1] == [("all_reduce", 32)] * 3 + [("all_gather", 64), ("recv", 32)]
-
-
-def _functional_collective():
-    import torch.distributed._functional_collectives as funcol
-
-    with CollectiveCounter() as counter:
-        funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD).wait()
-    return counter.names()
-
-
-def test_counter_sees_functional_collectives():
-    assert launch(_functional_collective, world_size=2, timeout=60, show_output=False) == [["all_reduce"]] * 2
+def test_audit_sees_sends_and_dtensor_all_reduce_with_their_bytes():
+    calls = launch(_chapter_09_communication, world_size=2, timeout=60, show_output=False)
+    assert calls == [[("send", 32), ("all_reduce", 32)], [("recv", 32), ("all_reduce", 32)]]
 
 
 def _stack(n, width=16):
@@ -60,13 +48,20 @@ def test_meter_counts_activations_once_and_releases_them_in_backward():
     assert meter.peak_bytes == kept and meter.now_bytes == 0
 
 
-def test_meter_sees_checkpoint_segment_inputs():
+def test_meter_sees_checkpoint_segment_inputs_and_frees_them_as_backward_goes():
     model, x = _stack(16), torch.randn(4, 16)
-    with SavedTensorMeter(model.parameters()) as meter:
+    activation = 4 * 16 * 4
+    meter, held, backward = SavedTensorMeter(model.parameters()), [], [False]
+    for start in (0, 4, 8):                    # the first layer of each checkpointed segment
+        model[start].register_forward_pre_hook(lambda *_: held.append(meter.now_bytes) if backward[0] else None)
+    with meter:
         out = checkpoint_sequential(model, 4, x, use_reentrant=False)
         kept = meter.now_bytes
-    del out
-    assert kept == (4 + 4) * 4 * 16 * 4        # three segment inputs + the last segment's input and 4 outputs
+        backward[0] = True
+        out.sum().backward()
+    assert kept == (3 + 1 + 4) * activation    # three segment inputs + the last segment's input and 4 outputs
+    assert held == [3 * activation, 2 * activation, 1 * activation]   # recomputing segments 2, 1, 0
+    assert meter.peak_bytes == kept and meter.now_bytes == 0
 
 
 def test_bubble_fraction():
