@@ -27,6 +27,10 @@ What it does, and why:
   ``RuntimeError: Error building extension 'deepspeed_shm_comm'`` (and, without ninja,
   "Unable to JIT load the deepspeed_shm_comm op due to ninja not being installed");
   measured with DeepSpeed 0.19.8, where training then runs the same with the mark.
+* ``low_precision_support()`` returns what DeepSpeed's accelerator answers about bf16 and
+  fp16 on this machine. The CPU accelerator (``deepspeed/accelerator/cpu_accelerator.py``)
+  answers ``True`` for bf16 always, and for fp16 ``True`` when oneDNN has fp16 kernels for
+  the CPU (``torch.ops.mkldnn._is_mkldnn_fp16_supported()``), else ``None``.
 * DeepSpeed logs every step's configuration to stdout at INFO level; a notebook whose
   output is compared with a stored copy needs only warnings and errors.
 """
@@ -37,7 +41,7 @@ import importlib.util
 import logging
 import os
 
-__all__ = ["deepspeed_missing", "start_deepspeed_on_cpu", "SHM_OP"]
+__all__ = ["deepspeed_missing", "start_deepspeed_on_cpu", "low_precision_support", "SHM_OP"]
 
 SHM_OP = "deepspeed_shm_comm"
 
@@ -67,3 +71,18 @@ def start_deepspeed_on_cpu():
     ds_ops.__compatible_ops__[SHM_OP] = False
     deepspeed.init_distributed(dist_backend="gloo")
     return deepspeed
+
+
+def low_precision_support() -> dict:
+    """DeepSpeed's accelerator on bf16 and fp16, next to the oneDNN probe its fp16 answer rests on.
+
+    Call it where DeepSpeed has been imported for the CPU (after ``start_deepspeed_on_cpu``).
+    """
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    return {"accelerator": accelerator.device_name(),
+            "is_bf16_supported": accelerator.is_bf16_supported(),
+            "is_fp16_supported": accelerator.is_fp16_supported(),
+            "onednn_fp16": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())}

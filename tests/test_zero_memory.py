@@ -109,3 +109,22 @@ def test_deepspeed_missing_names_the_fix(monkeypatch):
     from course_lib import deepspeed_cpu
     monkeypatch.setattr(deepspeed_cpu.importlib.util, "find_spec", lambda name: None)
     assert "pip install" in deepspeed_cpu.deepspeed_missing()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+def test_low_precision_support_reports_the_cpu_accelerator_as_its_source_says():
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
+    def ask():
+        from course_lib.deepspeed_cpu import low_precision_support, start_deepspeed_on_cpu
+        start_deepspeed_on_cpu()
+        return low_precision_support()
+
+    try:
+        [support] = launch(ask, world_size=1, timeout=120, show_output=False)
+    finally:
+        os.environ.pop("DS_ACCELERATOR", None)
+    assert support["accelerator"] == "cpu"
+    assert support["is_bf16_supported"] is True
+    assert support["onednn_fp16"] == bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    assert support["is_fp16_supported"] is (True if support["onednn_fp16"] else None)
