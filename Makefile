@@ -65,7 +65,14 @@ lab-server: $(STAMP)
 # its outputs with the stored ones; those four run there in their other kernel, and nbval runs
 # them in the default one. Without a browser, nbval runs every lesson, then replays the four.
 # At the end, a table of where the time went (scripts/test_durations.py).
+# Test files run side by side in TEST_WORKERS pytest workers (pytest-xdist), each file (and each
+# notebook, whose cells share one kernel) whole on one worker, in the order given: the two longest,
+# the browser run and the grading run, start first on different workers. Much of a test's time is
+# waiting (kernels and worker processes starting, timeouts that must pass, the browser), so two
+# workers on 2 cores finish well before one; more than that only adds contention on 2 cores.
 TEST_CPUS ?= 8
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 SPAWN_NOTEBOOKS := notebooks/00_preflight.ipynb notebooks/01_collectives.ipynb
 OTHER_CPU_NOTEBOOKS := notebooks/06_mixed_precision.ipynb notebooks/07_accumulation_large_batch.ipynb
 DURATIONS := .test-durations.jsonl
@@ -79,10 +86,10 @@ test: $(STAMP)
 	  echo "Lessons: once each in JupyterLab (outputs compared there); nbval runs $(SPAWN_NOTEBOOKS) $(OTHER_CPU_NOTEBOOKS)"; \
 	  $(RECORD)="tests, solutions and 4 lessons" COURSE_CPUS=$(TEST_CPUS) \
 	    COURSE_BROWSER_SPAWN="$(notdir $(SPAWN_NOTEBOOKS))" COURSE_BROWSER_PLAIN_KERNELS="$(notdir $(OTHER_CPU_NOTEBOOKS))" \
-	    $(PY) -m pytest tests solutions $(SPAWN_NOTEBOOKS) $(OTHER_CPU_NOTEBOOKS) $(NBVAL) -v || status=1; \
+	    $(PY) -m pytest tests solutions $(SPAWN_NOTEBOOKS) $(OTHER_CPU_NOTEBOOKS) $(NBVAL) $(PARALLEL) -v || status=1; \
 	else \
 	  echo "No browser (make browser-deps): nbval runs every lesson, then replays four"; \
-	  $(RECORD)="tests, solutions and lessons" COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL) -v || status=1; \
+	  $(RECORD)="tests, solutions and lessons" COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL) $(PARALLEL) -v || status=1; \
 	  $(RECORD)="spawn replay" COURSE_START_METHOD=spawn $(PY) -m pytest $(SPAWN_NOTEBOOKS) $(NBVAL) -v || status=1; \
 	  $(RECORD)="plain-kernel replay" ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE \
 	    $(PY) -m pytest $(OTHER_CPU_NOTEBOOKS) $(NBVAL) -v || status=1; \
