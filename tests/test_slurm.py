@@ -149,3 +149,45 @@ def test_the_cluster_script_is_idempotent(cluster):
     done = subprocess.run([str(REPO / "scripts" / "slurm_cluster.sh"), "up"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "already up" in done.stdout, done.stdout + done.stderr
+
+
+def waits_unless_requeued():
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))  # Slurm counts the job's requeues
+    if restarts == 0:
+        time.sleep(150)  # the first run is preempted long before this ends
+    return restarts
+
+
+def test_a_preempted_job_is_requeued_and_runs_again(cluster, tmp_path):
+    """SIGUSR1 to the batch script, as --signal=B:USR1@N sends it: the job goes back to the queue and reruns."""
+    script = write_torchrun_script(waits_unless_requeued, tmp_path / "waits.py")
+    name = f"course-requeue-{os.getpid()}"
+    text = slurm.sbatch_script(script, 1, 1, form="srun", time_limit="00:05:00", requeue_before_s=60, job_name=name)
+    signalled = []
+
+    def preempt_once_running():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not signalled:
+            logs = list(tmp_path.glob("slurm-*.out"))
+            if logs and "head" in logs[0].read_text():  # the batch script is past its header: the trap is set
+                time.sleep(2)
+                job_id = logs[0].name.split("-")[1].split(".")[0]
+                subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], timeout=20, check=True)
+                signalled.append(job_id)
+                # Slurm makes a requeued job wait two minutes before it may start again; this test need not
+                while time.monotonic() < deadline and slurm._job_info(job_id)[0] not in ("PENDING", *slurm.FINISHED):
+                    time.sleep(0.2)
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=20)
+            time.sleep(0.2)
+
+    import threading
+
+    preempter = threading.Thread(target=preempt_once_running, daemon=True)
+    preempter.start()
+    job = slurm.submit(text, timeout=240, show_output=False, workdir=tmp_path)
+    preempter.join(timeout=5)
+    assert signalled == [job.job_id], "the job was never signalled"
+    assert (job.state, job.exit_code) == ("COMPLETED", 0), job.log
+    assert job.results == [1], "the rerun should see SLURM_RESTART_COUNT=1"
+    out = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True, text=True, timeout=10).stdout
+    assert "Restarts=1" in out, out
