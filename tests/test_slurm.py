@@ -174,9 +174,13 @@ def test_a_preempted_job_is_requeued_and_runs_again(cluster, tmp_path):
                 job_id = logs[0].name.split("-")[1].split(".")[0]
                 subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], timeout=20, check=True)
                 signalled.append(job_id)
-                # Slurm makes a requeued job wait two minutes before it may start again; this test need not
-                while time.monotonic() < deadline and slurm._job_info(job_id)[0] not in ("PENDING", *slurm.FINISHED):
-                    time.sleep(0.2)
+                # Slurm holds a requeued job for two minutes; this test lifts the hold once the job is back in
+                # the queue and its node has finished cleaning up after the first run (starting earlier fails it)
+                while time.monotonic() < deadline and (slurm._job_info(job_id)[0] != "PENDING" or any(
+                        state.startswith("comp") for state in subprocess.run(
+                            ["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=10).stdout.split())):
+                    time.sleep(0.5)
+                time.sleep(2)
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=20)
             time.sleep(0.2)
 
