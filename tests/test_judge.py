@@ -72,7 +72,7 @@ BYTES_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="bytes sent are counted on Linux only")
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_bytes_sent_count_only_what_ran_after_the_learner_side_started(start_method):
     # A spawned interpreter writes ~47 KB before any learner code (its `ldconfig -p` child's
     # output counts as its own): that must not count as sent by the answer.
