@@ -285,18 +285,37 @@ def choose_backend(world_size: int) -> str:
     return "gloo"
 
 
-def rank_device():
-    """This rank's device: ``cuda:LOCAL_RANK`` when the rank has its own GPU, else the CPU.
+def rank_gpu():
+    """This rank's GPU index, or None when the rank has no GPU of its own (the CPU and gloo).
 
-    Chapters create tensors and models with ``.to(rank_device())`` so the same cell runs
-    with gloo on a laptop and with NCCL on a GPU machine.
+    A launcher gives each rank its GPU in one of two ways: every rank sees all of the node's
+    GPUs and takes ``cuda:LOCAL_RANK`` (``launch``, torchrun's default), or each rank sees only
+    its own, as ``cuda:0`` (CUDA_VISIBLE_DEVICES set per rank: ``srun --gpus-per-task=1``,
+    ``torchrun --virtual-local-rank``). The script ``write_torchrun_script`` writes applies the
+    same rule (a test holds the two together).
     """
     import torch
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available() and torch.cuda.device_count() > local_rank:
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    if not torch.cuda.is_available():
+        return None
+    visible = torch.cuda.device_count()
+    if visible >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):  # all of the node's GPUs
+        return int(os.environ.get("LOCAL_RANK", "0"))
+    if visible == 1 and os.environ.get("CUDA_VISIBLE_DEVICES"):  # this rank's own GPU only
+        return 0
+    return None  # fewer GPUs than ranks, all visible to all: the ranks would have to share them
+
+
+def rank_device():
+    """This rank's device: its own GPU (see ``rank_gpu``) when it has one, else the CPU.
+
+    Chapters create tensors and models with ``.to(rank_device())`` so the same cell runs
+    with gloo on a laptop and with NCCL on a GPU machine, under ``launch`` and under torchrun.
+    """
+    import torch
+
+    gpu = rank_gpu()
+    return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 
 
 def report_progress(step: int, total: int) -> None:
@@ -646,8 +665,8 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
             _run_prelude(spec.judged.prelude)
         fn, args, kwargs = cloudpickle.loads(spec.payload)
         if spec.backend is not None:
-            if torch.cuda.is_available() and "nccl" in spec.backend:
-                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            if "nccl" in spec.backend and rank_gpu() is not None:
+                torch.cuda.set_device(rank_gpu())
             dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.pg_timeout_s))
         _report(result_conn, (_RESULT_STARTED,))
         result = _call_user_function(fn, args, kwargs)

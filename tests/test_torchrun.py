@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib.launcher import launch
+from course_lib.launcher import launch, rank_device
 from course_lib.torchrun import TorchrunError, TorchrunTimeout, run_agents, run_torchrun
 from course_lib.torchrun_script import function_calls_init_process_group, write_torchrun_script
 
@@ -177,6 +177,8 @@ def test_the_script_picks_nccl_and_the_device_in_every_gpu_layout(layout, tmp_pa
         else:
             monkeypatch.setenv(name, value)
     assert module._gpu_of_this_rank() == expected_gpu
+    # the notebooks' rank_device() puts a rank on the same device as the script does
+    assert rank_device() == (torch.device("cpu") if expected_gpu is None else torch.device("cuda", expected_gpu))
     devices, backends = [], []
     monkeypatch.setattr(torch.cuda, "set_device", devices.append)
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: backends.append(backend))
