@@ -1,0 +1,405 @@
+"""A small GPT, its text, and the pieces that compose data, pipeline and tensor parallelism.
+
+Defined in chapter 11 (the capstone), which teaches each piece before it uses it here; the
+exercises of chapter 11 run learners' layouts through the same code::
+
+    from course_lib.capstone import GPTConfig, make_gpt, training_batch, ParallelGPT
+
+    config = GPTConfig()                       # 4 blocks, width 64, context 32, 48 symbols
+    model = make_gpt(config)                   # float64, the same weights in every process
+    x, y = training_batch(step=0, batch_size=8, context=config.context)
+
+    # in a worker of an 8-rank launch:
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "pp", "tp"))
+    model = ParallelGPT(mesh, config, n_microbatches=2)
+    loss = model.train_step(x, y)              # this rank's share of the batch is taken inside
+
+The composition follows torchtitan's order: split the model into pipeline stages, apply the
+tensor-parallel plan to each stage, shard each block and stage with FSDP2 on the ``dp`` axis,
+then wrap the stages for ``torch.distributed.pipelining``. Dropout is left out of the model so
+that every layout can be compared with one process to the last bits.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import warnings
+import contextlib
+import copy
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["GPTConfig", "TEXT", "SYMBOLS", "encode", "decode", "training_batch", "make_gpt", "GPT",
+           "cross_entropy", "stage_module", "tensor_parallel_plan", "ParallelGPT", "AxisCount",
+           "gathered_parameters", "tp_local_parameters", "communication_per_step"]
+
+
+def _zen_of_python() -> str:
+    # Shipped with every Python (``import this`` prints it), so the course needs no download.
+    import this  # noqa: F401  (importing prints the poem once; we read the encoded copy)
+    return codecs.decode(this.s, "rot13")
+
+
+with contextlib.redirect_stdout(None):
+    TEXT = _zen_of_python()
+# Padded to 48 symbols: a vocabulary that splits evenly over 2, 3, 4, 6 or 8 tensor-parallel ranks
+# (GPT-2 pads its 50257 tokens to 50304 for the same reason). The pad symbols never occur.
+SYMBOLS = sorted(set(TEXT)) + [f"<pad{i}>" for i in range(48 - len(set(TEXT)))]
+
+
+def encode(text: str) -> torch.Tensor:
+    index = {s: i for i, s in enumerate(SYMBOLS)}
+    return torch.tensor([index[c] for c in text])
+
+
+def decode(ids) -> str:
+    return "".join(SYMBOLS[int(i)] for i in ids)
+
+
+def training_batch(step: int, batch_size: int, context: int, seed: int = 0):
+    """``batch_size`` windows of the text at positions drawn from (seed, step): inputs and next symbols."""
+    data = encode(TEXT)
+    g = torch.Generator().manual_seed(seed * 100_003 + step)
+    starts = torch.randint(0, len(data) - context - 1, (batch_size,), generator=g)
+    windows = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
+    return windows[:, :-1], windows[:, 1:]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab: int = 48
+    width: int = 64
+    heads: int = 4
+    context: int = 32
+    layers: int = 4
+
+
+class Attention(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(c.width, c.width, bias=False) for _ in range(4))
+        self.head_dim = c.width // c.heads
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        # -1 heads, not c.heads: under tensor parallelism a rank's q, k, v hold only its heads.
+        q, k, v = (f(x).view(B, S, -1, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, S, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.up, self.down = nn.Linear(c.width, 4 * c.width), nn.Linear(4 * c.width, c.width)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(c.width), Attention(c)
+        self.ln2, self.mlp = nn.LayerNorm(c.width), MLP(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A stage of a pipeline keeps some of ``blocks`` and has None for the ends it does not own."""
+
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(c.vocab, c.width), nn.Embedding(c.context, c.width)
+        self.blocks = nn.ModuleDict({str(i): Block(c) for i in range(c.layers)})
+        self.ln_f, self.head = nn.LayerNorm(c.width), nn.Linear(c.width, c.vocab, bias=False)
+
+    def forward(self, x):
+        if self.tok is not None:                  # first stage: x holds symbol ids
+            x = self.tok(x) + self.pos(torch.arange(x.shape[1]).unsqueeze(0))
+        for block in self.blocks.values():
+            x = block(x)
+        if self.head is not None:                 # last stage: logits over the vocabulary
+            x = self.head(self.ln_f(x))
+        return x
+
+
+def make_gpt(config: GPTConfig = GPTConfig(), seed: int = 0) -> GPT:
+    """float64, so that every layout can be compared with one process to ~1e-12."""
+    torch.manual_seed(seed)
+    return GPT(config).double()
+
+
+def cross_entropy(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def stage_module(full: GPT, stage: int, n_stages: int) -> GPT:
+    """Pipeline stage ``stage`` of ``n_stages``: a copy of the model without what it does not own."""
+    part = copy.deepcopy(full)
+    per_stage = len(full.blocks) // n_stages
+    mine = {str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)}
+    for name in list(part.blocks.keys()):
+        if name not in mine:
+            del part.blocks[name]
+    if stage != 0:
+        part.tok = part.pos = None
+    if stage != n_stages - 1:
+        part.ln_f = part.head = None
+    return part
+
+
+def tensor_parallel_plan(part: GPT, vocab_parallel: bool = False) -> tuple[dict, dict]:
+    """torchtitan's plan with sequence parallelism: (plan for the stage's ends, plan for each block).
+
+    Between blocks the activations are sharded on the sequence (``Shard(1)``); attention and MLP
+    gather them (all-gather), their column-wise q/k/v/up and row-wise o/down matmuls need no
+    communication in between, and o/down reduce-scatter back to sequence shards. With
+    ``vocab_parallel`` the head's output stays sharded over the vocabulary (a loss must then
+    combine the shards); otherwise it is gathered to full logits on every rank.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+    ends = {}
+    if part.tok is not None:
+        ends["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        ends["pos"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if part.head is not None:
+        ends["ln_f"] = SequenceParallel()
+        ends["head"] = ColwiseParallel(input_layouts=Shard(1),
+                                       output_layouts=Shard(-1) if vocab_parallel else Replicate())
+    block = {
+        "ln1": SequenceParallel(),
+        "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+        "ln2": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    return ends, block
+
+
+class ParallelGPT:
+    """This rank's part of the GPT on a ("dp", "pp", "tp") mesh, with its optimizer and schedule.
+
+    ``loss_fn(logits, targets)`` gets full logits, or with ``vocab_parallel=True`` this rank's
+    vocabulary shard of them (a plain tensor) and must return the mean loss over the micro-batch.
+    ``schedule`` is a class name from ``torch.distributed.pipelining.schedules``; interleaved
+    schedules give each rank ``stages_per_rank`` stages (rank r holds stages r, r + pp, ...).
+    """
+
+    def __init__(self, mesh, config: GPTConfig = GPTConfig(), *, seed: int = 0, n_microbatches: int = 2,
+                 schedule: str = "Schedule1F1B", stages_per_rank: int = 1, lr: float = 1e-2,
+                 loss_fn=cross_entropy, vocab_parallel: bool = False):
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import parallelize_module
+        # FSDP2 warns when a wrapped module returns a view (in-place ops on it would skip a hook);
+        # the last stage's logits are one, and nothing here writes into them.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+        self.mesh, self.loss_fn = mesh, loss_fn
+        self.dp, self.pp, self.tp = (mesh[a].size() for a in ("dp", "pp", "tp"))
+        self.dp_rank, pp_rank = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
+        n_stages = self.pp * stages_per_rank
+        self.stage_ids = [pp_rank + k * self.pp for k in range(stages_per_rank)]
+        full = make_gpt(config, seed)
+        self.parts = []
+        for stage in self.stage_ids:                            # 1. pipeline: keep my stages only
+            part = stage_module(full, stage, n_stages) if n_stages > 1 else full
+            if self.tp > 1:                                     # 2. tensor parallel inside each stage
+                ends, block_plan = tensor_parallel_plan(part, vocab_parallel)
+                parallelize_module(part, mesh["tp"], ends)
+                for block in part.blocks.values():
+                    parallelize_module(block, mesh["tp"], block_plan)
+            if self.dp > 1:                                     # 3. FSDP2 on the data-parallel axis
+                for block in part.blocks.values():
+                    fully_shard(block, mesh=mesh["dp"])
+                fully_shard(part, mesh=mesh["dp"])
+            self.parts.append(part)
+        self.optimizer = torch.optim.Adam([p for part in self.parts for p in part.parameters()], lr=lr)
+        self.first = self.last = True
+        if n_stages > 1:                                        # 4. the pipeline schedule
+            from torch.distributed.pipelining import PipelineStage, schedules
+            stages = [PipelineStage(part, stage, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+                      for part, stage in zip(self.parts, self.stage_ids)]
+            schedule_class = getattr(schedules, schedule)
+            self.schedule = schedule_class(stages if stages_per_rank > 1 else stages[0],
+                                           n_microbatches=n_microbatches, loss_fn=self._loss)
+            self.first, self.last = 0 in self.stage_ids, n_stages - 1 in self.stage_ids
+
+    def _loss(self, logits, targets):
+        if hasattr(logits, "to_local"):                         # vocab-parallel: hand over the local shard
+            logits = logits.to_local()
+        return self.loss_fn(logits, targets)
+
+    def my_slice(self, x, y):
+        """This rank's rows of the global batch (contiguous blocks, by dp coordinate)."""
+        rows = x.shape[0] // self.dp
+        part = slice(self.dp_rank * rows, (self.dp_rank + 1) * rows)
+        return x[part], y[part]
+
+    def train_step(self, x, y):
+        """One optimizer step on the global batch (x, y); returns this dp slice's mean loss on ranks
+        that hold the last stage, None elsewhere."""
+        x, y = self.my_slice(x, y)
+        self.optimizer.zero_grad()
+        loss = None
+        if hasattr(self, "schedule"):
+            losses = []
+            self.schedule.step(*((x,) if self.first else ()), **(dict(target=y, losses=losses) if self.last else {}))
+            if self.last:
+                loss = torch.stack([part_loss.detach() for part_loss in losses]).mean()
+        else:
+            loss = self._loss(self.parts[0](x), y)
+            loss.backward()
+            loss = loss.detach()
+        self._reduce_partial_gradients()
+        self.optimizer.step()
+        return None if loss is None else loss.item()
+
+
+    def _reduce_partial_gradients(self):
+        # A sequence-parallel norm's weight is replicated over tp, but each rank's gradient holds
+        # only its sequence shard's contribution: a Partial(sum) DTensor. Every op that reads a
+        # Partial tensor reduces it first, and Adam reads a gradient three times; reducing each
+        # one once here turns 3 all-reduces per norm parameter into 1.
+        from torch.distributed.tensor import DTensor, Replicate
+        for part in self.parts:
+            for p in part.parameters():
+                g = p.grad
+                if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+                    p.grad = g.redistribute(placements=[Replicate() if pl.is_partial() else pl
+                                                        for pl in g.placements])
+
+
+def gathered_parameters(modules) -> dict[str, torch.Tensor]:
+    """Name -> full parameter, DTensor shards (FSDP, TP) gathered. A collective: call on every rank."""
+    # Gathering a parameter sharded by both FSDP and TP takes two all-gathers; torch logs a
+    # warning that one would be faster. Correct either way, and done once per run here.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    out = {}
+    for module in modules:
+        for name, p in module.named_parameters():
+            out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+    return out
+
+
+class AxisCount(TorchDispatchMode):
+    """Collectives and point-to-point ops that really ran, per mesh axis: count and payload bytes.
+
+    A dispatch mode sees every op after DTensor has turned it into plain ops and collectives
+    (FSDP's all-gathers, the tensor-parallel all-gathers and reduce-scatters, the pipeline's
+    sends), and each carries its process group, which names the axis. The payload is the bytes
+    of the tensor a rank hands to the op (for an all-gather its shard, for a reduce-scatter
+    the full input, for a send the tensor sent)::
+
+        with AxisCount(mesh) as counted:
+            model.train_step(x, y)
+        counted.ops      # Counter: (axis, op) -> times;  counted.bytes: (axis, op) -> payload bytes
+    """
+
+    SKIP = {"wait_tensor", "_wrap_tensor_autograd", "barrier", "monitored_barrier"}
+
+    def __init__(self, mesh):
+        super().__init__()
+        self.axis_of = {mesh[a].get_group().group_name: a for a in mesh.mesh_dim_names}
+        self.ops, self.bytes = Counter(), Counter()
+
+    def _group_and_payload(self, args):
+        import torch.distributed as dist
+        axis, payload = "other", 0
+        for a in args:
+            if isinstance(a, str) and a in self.axis_of:               # functional collectives: group name
+                axis = self.axis_of[a]
+            elif type(a).__name__ == "ScriptObject" and "ProcessGroup" in str(a._type()):
+                axis = self.axis_of.get(dist.ProcessGroup.unbox(a).group_name, "other")   # c10d ops
+        tensors = [t for t in args if isinstance(t, torch.Tensor)]
+        lists = [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+        return axis, tensors, lists
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented          # let DTensor turn the op into local ops and collectives first
+        if func.namespace in ("c10d", "_c10d_functional"):
+            op = func._schema.name.split("::")[-1]
+            if op not in self.SKIP:
+                axis, tensors, lists = self._group_and_payload(args)
+                self.ops[(axis, op)] += 1
+                self.bytes[(axis, op)] += _payload(op, tensors, lists)
+        return func(*args, **(kwargs or {}))
+
+    def table(self) -> dict[str, tuple[int, int]]:
+        """"axis op" -> (times, payload bytes), sorted."""
+        return {f"{axis} {op}": (n, self.bytes[(axis, op)]) for (axis, op), n in sorted(self.ops.items())}
+
+
+def _payload(op: str, tensors, lists) -> int:
+    nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+    if op == "_allgather_base_":           # (output, input, group, ...): a rank contributes its input
+        return nbytes(tensors[1])
+    if op == "_reduce_scatter_base_":      # (output, input, ...): a rank contributes the full input
+        return nbytes(tensors[1])
+    if op in ("send", "recv_", "allreduce_", "broadcast_"):
+        return sum(nbytes(t) for t in lists)
+    if tensors:                            # functional ops: the first tensor is the input
+        return nbytes(tensors[0])
+    return sum(nbytes(t) for t in lists)
+
+
+def tp_local_parameters(config: GPTConfig, tp: int) -> dict[str, int]:
+    """Elements of each kind of parameter group that one tensor-parallel rank holds.
+
+    Column-wise q/k/v/up and row-wise o/down split their weights (and up's bias) over tp;
+    the embeddings and the head split the vocabulary or positions; norms and down's bias are
+    replicated."""
+    D, V, S = config.width, config.vocab, config.context
+    block = 4 * D + (4 * D * D + 4 * D * D + 4 * D + 4 * D * D) // tp + D
+    return {"block": block, "embeddings": (V * D + S * D) // tp, "head": V * D // tp, "final norm": 2 * D}
+
+
+def communication_per_step(config: GPTConfig, dp: int, pp: int, tp: int, n_microbatches: int,
+                           batch_size: int, stage: int) -> dict[tuple[str, str], tuple[int, int]]:
+    """(axis, op) -> (times, payload bytes) one rank of pipeline stage ``stage`` runs in one
+    training step of ``ParallelGPT`` (one stage per rank, float64), as AxisCount records them.
+
+    Derived in chapter 11, section 5, and checked there against the counted ops of every layout."""
+    m = n_microbatches if pp > 1 else 1
+    L, D, V, S, f8 = config.layers // pp, config.width, config.vocab, config.context, 8
+    first, last = stage == 0, stage == pp - 1
+    rows = batch_size // (dp * m)                       # rows of one micro-batch on one rank
+    out = {}
+    if tp > 1:
+        shard, full = rows * (S // tp) * D * f8, rows * S * D * f8
+        gathers = 4 * L + 2 * first + 2 * last           # fwd: 2 per block, ln_f->head, logits; bwd: 2 per block, tok, pos
+        gather_bytes = (4 * L + last) * shard + last * rows * S * (V // tp) * f8 + first * (shard + (S // tp) * D * f8)
+        scatters = 4 * L + 2 * first + last              # fwd: o, down, tok, pos; bwd: 2 per block, head input
+        scatter_bytes = (4 * L + first + last) * full + first * S * D * f8   # pos embeds one row: (1, S, D)
+        out[("tp", "all_gather_into_tensor")] = (m * gathers, m * gather_bytes)
+        out[("tp", "reduce_scatter_tensor")] = (m * scatters, m * scatter_bytes)
+        norms = 2 * L + last                              # each norm's weight and bias, reduced once a step
+        out[("tp", "all_reduce")] = (2 * norms, 2 * norms * D * f8)
+    if pp > 1:
+        boundary = rows * (S // tp) * D * f8             # a micro-batch's activation (sequence-sharded under tp)
+        for op in ("send", "recv_"):
+            n = m * ((not last) + (not first))            # activations forward, their gradients back
+            out[("pp", op)] = (n, n * boundary)
+    if dp > 1:
+        local = tp_local_parameters(config, tp)
+        ends = first * local["embeddings"] + last * (local["head"] + local["final norm"])
+        # FSDP gathers a stage's outer module once a step and each block once per micro-batch's
+        # forward plus once for backward (kept until the last micro-batch's backward); it
+        # reduce-scatters every unit's full gradients once, after the last micro-batch.
+        out[("dp", "_allgather_base_")] = (1 + L * (m + 1), (ends + (m + 1) * L * local["block"]) * f8 // dp)
+        out[("dp", "_reduce_scatter_base_")] = (1 + L, (ends + L * local["block"]) * f8)
+    return out
