@@ -12,6 +12,7 @@
 #   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
 #   make site                the executed lessons as static HTML in site/ (index = this README)
 #   make browser-deps        Playwright + Chromium, so `make test` also runs every lesson in a real browser
+#   make hub                 JupyterHub for a class on this server (README: "Hosting a class"), HUB_PORT=8000
 #
 # CPU-only machine?  make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # installs PyTorch's small CPU wheels instead of the default CUDA build from PyPI.
@@ -26,7 +27,7 @@ NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down
+.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
 
 setup: $(STAMP)
 
@@ -105,6 +106,26 @@ browser-deps: $(STAMP)
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "No Chromium: install your distribution's chromium package (or set COURSE_CHROMIUM)"; exit 1; fi
+
+# JupyterHub for a class (jupyter/jupyterhub_config.py says what it does and which HUB_* variables
+# it reads): the `hub` extra from PyPI, and the proxy in front of it, configurable-http-proxy, from
+# npm into .venv/hub (nothing installed globally). That proxy is the one JupyterHub is made and
+# tested with; the pure-Python port on PyPI is a young one-person project, and the Traefik proxy
+# needs a binary download. Needs Node.js and npm.
+HUB_PORT ?= 8000
+HUB_STATE ?= .hub
+CHP_VERSION := 5.3.0
+HUB_STAMP := $(VENV)/hub/.installed
+
+hub-deps: $(HUB_STAMP)
+
+$(HUB_STAMP): $(STAMP) pyproject.toml constraints.txt
+	$(PY) -m pip install -c constraints.txt -e ".[hub]"
+	npm install --prefix $(VENV)/hub --no-fund --no-audit --loglevel=error configurable-http-proxy@$(CHP_VERSION)
+	@touch $(HUB_STAMP)
+
+hub: $(HUB_STAMP)
+	HUB_PORT=$(HUB_PORT) HUB_STATE=$(HUB_STATE) $(VENV)/bin/jupyterhub -f jupyter/jupyterhub_config.py
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -v
