@@ -37,7 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["GPTConfig", "TEXT", "SYMBOLS", "encode", "decode", "training_batch", "make_gpt", "GPT",
            "cross_entropy", "stage_module", "tensor_parallel_plan", "ParallelGPT", "AxisCount",
-           "gathered_parameters", "tp_local_parameters", "communication_per_step"]
+           "gathered_parameters", "tp_local_parameters", "communication_per_step",
+           "wire_factor", "axis_bandwidths", "step_time_model"]
 
 
 def _zen_of_python() -> str:
@@ -369,13 +370,14 @@ def tp_local_parameters(config: GPTConfig, tp: int) -> dict[str, int]:
 
 
 def communication_per_step(config: GPTConfig, dp: int, pp: int, tp: int, n_microbatches: int,
-                           batch_size: int, stage: int) -> dict[tuple[str, str], tuple[int, int]]:
+                           batch_size: int, stage: int, element_size: int = 8) -> dict[tuple[str, str], tuple[int, int]]:
     """(axis, op) -> (times, payload bytes) one rank of pipeline stage ``stage`` runs in one
-    training step of ``ParallelGPT`` (one stage per rank, float64), as AxisCount records them.
+    training step of ``ParallelGPT`` (one stage per rank; ``element_size`` 8 for its float64), as
+    AxisCount records them.
 
     Derived in chapter 11, section 5, and checked there against the counted ops of every layout."""
     m = n_microbatches if pp > 1 else 1
-    L, D, V, S, f8 = config.layers // pp, config.width, config.vocab, config.context, 8
+    L, D, V, S, f8 = config.layers // pp, config.width, config.vocab, config.context, element_size
     first, last = stage == 0, stage == pp - 1
     rows = batch_size // (dp * m)                       # rows of one micro-batch on one rank
     out = {}
@@ -403,3 +405,48 @@ def communication_per_step(config: GPTConfig, dp: int, pp: int, tp: int, n_micro
         out[("dp", "_allgather_base_")] = (1 + L * (m + 1), (ends + (m + 1) * L * local["block"]) * f8 // dp)
         out[("dp", "_reduce_scatter_base_")] = (1 + L, (ends + L * local["block"]) * f8)
     return out
+
+
+# Bytes a rank puts on the wire per byte of payload, for the ring algorithms of chapter 05
+# (n ranks on the axis): an all-gather forwards n-1 shards, a reduce-scatter (n-1)/n of its
+# input, an all-reduce twice that; a send sends its tensor once (its recv is the peer's send).
+def wire_factor(op: str, n: int) -> float:
+    if "gather" in op:
+        return n - 1
+    if "reduce_scatter" in op:
+        return (n - 1) / n
+    if "all_reduce" in op or "allreduce" in op:
+        return 2 * (n - 1) / n
+    return 1.0 if op == "send" else 0.0
+
+
+def axis_bandwidths(dp: int, pp: int, tp: int, ranks_per_node: int, intra: float, inter: float) -> dict[str, float]:
+    """Bytes/s of each axis when ranks are numbered node by node and the mesh is ("dp", "pp", "tp"):
+    tp's ranks are neighbours, pp's are tp apart, dp's pp*tp apart. An axis is as fast as its
+    slowest link: intra-node if all its ranks share a node, else the network."""
+    span = {"tp": tp, "pp": pp * tp, "dp": dp * pp * tp}       # consecutive ranks one group covers
+    size = {"dp": dp, "pp": pp, "tp": tp}
+    return {a: (intra if span[a] <= ranks_per_node or size[a] == 1 else inter) for a in span}
+
+
+def step_time_model(config: GPTConfig, dp: int, pp: int, tp: int, n_microbatches: int, batch_size: int, *,
+                    flops_per_s: float, ranks_per_node: int, intra: float, inter: float,
+                    element_size: int = 8) -> dict[str, float]:
+    """Seconds of one training step by chapter 11's cost model: compute split over all ranks and
+    stretched by the pipeline bubble, plus each axis's wire bytes over that axis's bandwidth
+    (nothing overlapped: an upper bound that ranks layouts, not a prediction)."""
+    m = n_microbatches if pp > 1 else 1
+    params = config.layers * tp_local_parameters(config, 1)["block"] + sum(
+        v for k, v in tp_local_parameters(config, 1).items() if k != "block")
+    flops = 6 * params * batch_size * config.context           # forward 2, backward 4 per parameter and token
+    compute = flops / (dp * pp * tp) / flops_per_s * (m + pp - 1) / m
+    bandwidth = axis_bandwidths(dp, pp, tp, ranks_per_node, intra, inter)
+    size = {"dp": dp, "pp": pp, "tp": tp}
+    comm = {"dp": 0.0, "pp": 0.0, "tp": 0.0}
+    for stage in range(pp):                                    # the slowest stage sets the pace
+        per_axis = {"dp": 0.0, "pp": 0.0, "tp": 0.0}
+        for (axis, op), (_, payload) in communication_per_step(config, dp, pp, tp, m, batch_size, stage, element_size).items():
+            per_axis[axis] += payload * wire_factor(op, size[axis]) / bandwidth[axis]
+        comm = {a: max(comm[a], per_axis[a]) for a in comm}
+    return {"compute": compute, **{f"{a} comm": t for a, t in comm.items()},
+            "total": compute + sum(comm.values())}
