@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import time
 import warnings
 import contextlib
 import copy
@@ -264,23 +265,25 @@ class ParallelGPT:
             loss = self._loss(self.parts[0](x), y)
             loss.backward()
             loss = loss.detach()
-        self._reduce_partial_gradients()
+        self._match_gradient_placements()
         self.optimizer.step()
         return None if loss is None else loss.item()
 
 
-    def _reduce_partial_gradients(self):
-        # A sequence-parallel norm's weight is replicated over tp, but each rank's gradient holds
-        # only its sequence shard's contribution: a Partial(sum) DTensor. Every op that reads a
-        # Partial tensor reduces it first, and Adam reads a gradient three times; reducing each
-        # one once here turns 3 all-reduces per norm parameter into 1.
-        from torch.distributed.tensor import DTensor, Replicate
+    def _match_gradient_placements(self):
+        # Two gradients come out of backward placed unlike their parameters, under tensor
+        # parallelism in this torch: a sequence-parallel norm's (the weight is replicated over tp,
+        # but each rank saw only its positions: Partial(sum)), and a row-wise embedding's (the
+        # table is sharded over tp, its gradient Replicate: a full table on every rank). Every op
+        # that reads a Partial tensor reduces it first, and Adam reads a gradient three times;
+        # placing each gradient like its parameter once here costs one all-reduce per norm
+        # parameter (not three) and frees the embedding gradients' other shards.
+        from torch.distributed.tensor import DTensor
         for part in self.parts:
             for p in part.parameters():
                 g = p.grad
-                if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
-                    p.grad = g.redistribute(placements=[Replicate() if pl.is_partial() else pl
-                                                        for pl in g.placements])
+                if isinstance(g, DTensor) and g.placements != p.placements:
+                    p.grad = g.redistribute(placements=p.placements)
 
 
 def gathered_parameters(modules) -> dict[str, torch.Tensor]:
@@ -307,6 +310,10 @@ class AxisCount(TorchDispatchMode):
         with AxisCount(mesh) as counted:
             model.train_step(x, y)
         counted.ops      # Counter: (axis, op) -> times;  counted.bytes: (axis, op) -> payload bytes
+        counted.spans    # (axis, op, start, end) in time.perf_counter() seconds, waits included
+
+    The spans time the calls (an asynchronous collective's transfer shows in its ``wait_tensor``),
+    for drawing a timeline.
     """
 
     SKIP = {"wait_tensor", "_wrap_tensor_autograd", "barrier", "monitored_barrier"}
@@ -315,6 +322,7 @@ class AxisCount(TorchDispatchMode):
         super().__init__()
         self.axis_of = {mesh[a].get_group().group_name: a for a in mesh.mesh_dim_names}
         self.ops, self.bytes = Counter(), Counter()
+        self.spans: list[tuple[str, str, float, float]] = []
 
     def _group_and_payload(self, args):
         import torch.distributed as dist
@@ -332,13 +340,17 @@ class AxisCount(TorchDispatchMode):
         from torch.distributed.tensor import DTensor
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented          # let DTensor turn the op into local ops and collectives first
-        if func.namespace in ("c10d", "_c10d_functional"):
-            op = func._schema.name.split("::")[-1]
-            if op not in self.SKIP:
-                axis, tensors, lists = self._group_and_payload(args)
-                self.ops[(axis, op)] += 1
-                self.bytes[(axis, op)] += _payload(op, tensors, lists)
-        return func(*args, **(kwargs or {}))
+        if func.namespace not in ("c10d", "_c10d_functional"):
+            return func(*args, **(kwargs or {}))
+        op = func._schema.name.split("::")[-1]
+        axis, tensors, lists = self._group_and_payload(args)
+        if op not in self.SKIP:
+            self.ops[(axis, op)] += 1
+            self.bytes[(axis, op)] += _payload(op, tensors, lists)
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.spans.append((axis if op not in self.SKIP else "wait", op, start, time.perf_counter()))
+        return out
 
     def table(self) -> dict[str, tuple[int, int]]:
         """"axis op" -> (times, payload bytes), sorted."""
