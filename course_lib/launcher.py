@@ -53,7 +53,11 @@ Timeouts
 ``timeout`` is the time ``fn`` may run, counted from the moment every rank has
 entered it; starting the ranks (interpreters, imports, rendezvous) is bounded
 separately by ``startup_timeout``. So a hang demo can use a 3-second timeout on
-every start method.
+every start method. Neither counts the time the ranks were ready to run but waited
+for a CPU (Linux: /proc/PID/schedstat), up to ``_MAX_STRETCH`` times the timeout: on
+a server shared by a class, where each rank gets a fraction of a core, a launch is
+slow but does not time out, while a hang (ranks asleep in a collective, or spinning
+with a core to themselves) is reported as soon as on an idle machine.
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ _SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "course_lib.la
 _IMPORT_TIME_VARIABLES = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS",
                           "OMP_WAIT_POLICY", "KMP_AFFINITY", "GOMP_SPINCOUNT")
 _PROGRESS_FILE_VARIABLE = "COURSE_PROGRESS_FILE"
+# A timeout stretches (by the ranks' wait for a CPU) to at most this many times itself.
+_MAX_STRETCH = 10
 
 
 # --------------------------------------------------------------------------
@@ -171,8 +177,9 @@ class WorkerTimeout(LaunchError):
     the set of ranks that had returned from fn.
     """
 
-    def __init__(self, timeout, stacks, finished, world_size, phase="fn"):
+    def __init__(self, timeout, stacks, finished, world_size, phase="fn", waited_s=0.0):
         self.timeout = timeout
+        self.waited_s = waited_s  # what the ranks waited for a CPU, not counted in the timeout
         self.stacks = stacks
         self.finished = finished
         self.phase = phase
@@ -190,6 +197,11 @@ class WorkerTimeout(LaunchError):
             if rank not in finished:
                 lines.extend(f"    {frame}" for frame in stacks.get(rank, ["(no stack available)"]))
         lines.append(_diagnosis(self.where, phase))
+        if waited_s >= 1:
+            lines.append(f"The ranks also waited {waited_s:.0f} s for a CPU (ready to run, every core busy), which "
+                         "the timeout does not count: this machine runs more processes than it has cores. On a "
+                         "shared server (a class) raise timeout= or run fewer ranks; otherwise look for what "
+                         "else is running.")
         super().__init__("\n".join(lines))
 
 
@@ -647,6 +659,11 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
         faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
     _adopt_notebook_state(spec)
     _set_torchrun_environment(spec)
+    if mp.get_start_method(allow_none=True) == "forkserver":
+        # Started by the launch server, the rank would start its own children (a DataLoader's
+        # workers) from a new, empty server, where each imports torch again: about 300 MB and a
+        # second or two of CPU each. It starts them as ranks under torchrun do: Python's default.
+        mp.set_start_method(None, force=True)
     if spec.judged is not None and spec.judged.run_as is not None:
         _drop_privileges(spec.judged.run_as)  # before the parent-death signal: setuid clears it
     _die_with_parent(spec.kernel_pid)
@@ -1040,7 +1057,7 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
                 progress_path=paths["progress"][rank],
                 threads=threads,
                 # longer than ours: a hang surfaces here, with stacks, not as a gloo timeout
-                pg_timeout_s=startup_timeout + timeout + 60,
+                pg_timeout_s=_MAX_STRETCH * (startup_timeout + timeout) + 60,
                 kernel_pid=os.getpid(),
                 environment=environment,
                 cwd=os.getcwd(),
@@ -1101,6 +1118,15 @@ _MEMORY_SAMPLE_SECONDS = 0.01
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+def _cpu_wait_s(pid) -> float:
+    """Seconds the process (its main thread) was ready to run but waited for a CPU (Linux), or 0."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _resident_bytes(pid) -> int:
     """A process's resident memory now (Linux), or 0."""
     try:
@@ -1126,9 +1152,21 @@ class _Waiter:
         self.conn_rank = {id(conn): rank for rank, conn in enumerate(result_conns)}
         self.sentinel_rank = {proc.sentinel: rank for rank, proc in enumerate(procs)}
 
+    def _cpu_waits(self) -> list[float]:
+        return [_cpu_wait_s(proc.pid) for proc in self.procs]
+
+    def _past(self, elapsed, limit, waits_before) -> bool:
+        """Has more than ``limit`` passed, not counting the longest any rank waited for a CPU?"""
+        if elapsed <= limit:
+            return False  # /proc is read only once the plain deadline has passed
+        waited = max(now - before for now, before in zip(self._cpu_waits(), waits_before))
+        self.waited = min(max(waited, 0.0), (_MAX_STRETCH - 1) * limit)
+        return elapsed - self.waited > limit
+
     def wait(self, timeout, startup_timeout):
         launched = time.monotonic()
-        fn_deadline = None
+        fn_started = fn_waits = None
+        self.waited = 0.0
         poll = _MEMORY_SAMPLE_SECONDS if self.judged else 0.1
         while self.pending:
             if self.judged:
@@ -1137,18 +1175,18 @@ class _Waiter:
             for ready in wait_for_any(watched, timeout=poll):
                 self._handle(ready)
             now = time.monotonic()
-            if fn_deadline is None and len(self.entered) == self.world_size:
-                fn_deadline = now + timeout
+            if fn_started is None and len(self.entered) == self.world_size:
+                fn_started, fn_waits = now, self._cpu_waits()
             if not self.pending:
                 break
-            if fn_deadline is not None and now > fn_deadline:
+            if fn_started is not None and self._past(now - fn_started, timeout, fn_waits):
                 stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"], read_sources=not self.judged)
                 raise WorkerTimeout(timeout, stacks, set(range(self.world_size)) - self.pending,
-                                    self.world_size)
-            if fn_deadline is None and now > launched + startup_timeout:
+                                    self.world_size, waited_s=self.waited)
+            if fn_started is None and self._past(now - launched, startup_timeout, [0.0] * self.world_size):
                 stacks = _collect_stacks(self.procs, self.pending, self.paths["stack"], read_sources=not self.judged)
                 raise WorkerTimeout(startup_timeout, stacks, set(self.entered), self.world_size,
-                                    phase="startup")
+                                    phase="startup", waited_s=self.waited)
             self.live_view.update(launched, self.paths["out"], self.paths["progress"])
         return self.results
 
@@ -1241,6 +1279,26 @@ class _Waiter:
         reason = f"the worker process {_describe_exit(proc.exitcode)} before returning"
         return WorkerError(rank, "ProcessDied", reason, "", self.world_size)
 
+
+def _importing_in_launch_server() -> bool:
+    """True while the launch server imports its preload (this module is the last of it)."""
+    frame = sys._getframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "main" and code.co_filename.endswith(os.path.join("multiprocessing", "forkserver.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+if _importing_in_launch_server():
+    # Every rank is a copy-on-write fork of the server. Python's garbage collector writes to each
+    # object it examines, so a rank's first full collection would copy most of the pages holding
+    # the preloaded modules' objects into the rank's own memory. Frozen, they are never examined.
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 if _in_notebook_kernel():  # start the launch server while the learner reads the first cells
     warm_up()

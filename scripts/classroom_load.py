@@ -6,7 +6,12 @@ Each learner is a fresh Jupyter kernel executing a private copy of the notebook 
 bottom (nbclient, as JupyterLab's Run All does), all started together. Reported, measured
 in this one run: how many finished with every check passed, the wall time, port clashes
 ("Address already in use" anywhere in the outputs), processes left behind afterwards, and the
-machine's peak memory use above what it used before. A benchmark, not a test.
+machine's peak memory use above what it used before, per learner, and where it went: the
+proportional set size (PSS: each shared page split between the processes sharing it, so the sum
+over processes is what they use together) and resident size (RSS) of each kind of process (the
+learner's notebook client, the kernel, its launch server, the launched ranks) at the moment
+they used the most together. With --tries N the whole run is repeated N times and every try
+is reported. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -72,47 +77,93 @@ def watch_memory(stop: threading.Event, samples: list) -> None:
         time.sleep(0.25)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--learners", type=int, default=10)
-    parser.add_argument("--notebooks", nargs="+",
-                        default=["notebooks/01_collectives.ipynb", "notebooks/03_ddp.ipynb"])
-    options = parser.parse_args()
-    print(f"machine: {platform.machine()}, {available_cpus()} cores, "
-          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
-    marker = f"{os.getpid()}-{time.time_ns()}"
-    os.environ["COURSE_CLASSROOM_RUN"] = marker  # inherited by every kernel and worker we start
+ROLES = ("notebook client", "kernel", "launch server", "ranks", "other")
+
+
+def _role(process: psutil.Process, servers: set[int]) -> str:
+    command = " ".join(process.cmdline())
+    if "ipykernel_launcher" in command:
+        return "kernel"
+    if "forkserver" in command:
+        servers.add(process.pid)
+        return "launch server"
+    if process.ppid() in servers:
+        return "ranks"
+    if "multiprocessing.spawn" in command and process.ppid() == os.getpid():
+        return "notebook client"
+    return "other"
+
+
+def watch_processes(stop: threading.Event, marker: str, breakdown: dict) -> None:
+    """Every second, each of the run's processes' PSS and RSS; keeps the sample with the most PSS."""
+    servers: set[int] = set()
+    while not stop.is_set():
+        sample = {role: [] for role in ROLES}
+        for process in psutil.process_iter(["pid"]):
+            try:
+                if process.pid == os.getpid() or process.environ().get("COURSE_CLASSROOM_RUN") != marker:
+                    continue
+                role = _role(process, servers)
+                memory = process.memory_full_info()
+                sample[role].append((memory.pss, memory.rss))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        total = sum(pss for role in ROLES for pss, _ in sample[role])
+        if total > breakdown.get("total_pss", -1):
+            breakdown.update(total_pss=total, sample=sample)
+        stop.wait(1.0)
+
+
+def print_breakdown(breakdown: dict, learners: int) -> None:
+    sample = breakdown.get("sample")
+    if not sample:
+        return
+    print(f"    where the memory went, at the moment the run's processes used the most "
+          f"({breakdown['total_pss'] / 2**30:.2f} GiB PSS in all, {breakdown['total_pss'] / 2**30 / learners:.2f} "
+          f"GiB a learner):")
+    print(f"    {'process':<16}{'count':>6}{'PSS, all':>11}{'PSS each':>11}{'RSS each':>11}")
+    for role in ROLES:
+        values = sample[role]
+        if values:
+            pss, rss = sum(v[0] for v in values), sum(v[1] for v in values)
+            print(f"    {role:<16}{len(values):>6}{pss / 2**20:>9.0f} M{pss / len(values) / 2**20:>9.0f} M"
+                  f"{rss / len(values) / 2**20:>9.0f} M")
+
+
+def run_notebook(notebook: str, learners: int, marker: str) -> dict:
+    """All learners run one notebook at once; what happened, and the memory it took."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    time.sleep(3)  # the previous run's processes have exited
     baseline = psutil.virtual_memory().used
     samples: list[int] = []
+    breakdown: dict = {}
     stop = threading.Event()
-    threading.Thread(target=watch_memory, args=(stop, samples), daemon=True).start()
-    ctx = mp.get_context("spawn")
-    for notebook in options.notebooks:
-        queue = ctx.Queue()
-        with tempfile.TemporaryDirectory(prefix="classroom_") as root:
-            learners = []
-            for index in range(options.learners):
-                folder = Path(root, f"learner{index:02d}")
-                folder.mkdir()
-                learners.append(ctx.Process(target=one_learner, args=(str(REPO / notebook), str(folder), queue)))
-            started = time.perf_counter()
-            for learner in learners:
-                learner.start()
-            outcomes = [queue.get(timeout=3600) for _ in learners]
-            for learner in learners:
-                learner.join(60)
-            wall = time.perf_counter() - started
-        passed = sum(o["error"] is None for o in outcomes)
-        clashes = sum(o["clashes"] for o in outcomes)
-        times = [o["seconds"] for o in outcomes]
-        print(f"{Path(notebook).name}: {passed} of {options.learners} passed, wall {wall:.0f} s "
-              f"(each learner {min(times):.0f}-{max(times):.0f} s, median {statistics.median(times):.0f} s), "
-              f"port clashes {clashes}")
-        for outcome in outcomes:
-            if outcome["error"]:
-                print(f"    failed: {outcome['error']}")
-    time.sleep(5)  # give exiting kernels a moment
+    watchers = [threading.Thread(target=watch_memory, args=(stop, samples), daemon=True),
+                threading.Thread(target=watch_processes, args=(stop, marker, breakdown), daemon=True)]
+    for watcher in watchers:
+        watcher.start()
+    with tempfile.TemporaryDirectory(prefix="classroom_") as root:
+        processes = []
+        for index in range(learners):
+            folder = Path(root, f"learner{index:02d}")
+            folder.mkdir()
+            processes.append(ctx.Process(target=one_learner, args=(str(REPO / notebook), str(folder), queue)))
+        started = time.perf_counter()
+        for process in processes:
+            process.start()
+        outcomes = [queue.get(timeout=3600) for _ in processes]
+        for process in processes:
+            process.join(60)
+        wall = time.perf_counter() - started
     stop.set()
+    for watcher in watchers:
+        watcher.join()
+    return {"outcomes": outcomes, "wall": wall, "peak_above_idle": max(samples) - baseline, "breakdown": breakdown}
+
+
+def leftover_processes(marker: str) -> list[psutil.Process]:
+    time.sleep(5)  # give exiting kernels a moment
     leftovers = []
     ours = {child.pid for child in psutil.Process().children(recursive=True)}  # e.g. our resource tracker
     for process in psutil.process_iter(["pid"]):
@@ -121,13 +172,48 @@ def main() -> int:
                 leftovers.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    print(f"processes left behind: {len(leftovers)}")
-    for process in leftovers:
-        print(f"    {process.pid}: {' '.join(process.cmdline())[:120]}")
-    print(f"peak memory above the idle machine: {(max(samples) - baseline) / 2**30:.1f} GiB "
-          f"({(max(samples) - baseline) / 2**30 / options.learners:.2f} GiB per learner)")
-    return 0
+    return leftovers
 
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learners", type=int, default=10)
+    parser.add_argument("--tries", type=int, default=1, help="repeat the whole run this many times")
+    parser.add_argument("--notebooks", nargs="+",
+                        default=["notebooks/01_collectives.ipynb", "notebooks/03_ddp.ipynb"])
+    options = parser.parse_args()
+    print(f"machine: {platform.machine()}, {available_cpus()} cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
+    summary = []
+    for attempt in range(1, options.tries + 1):
+        print(f"try {attempt} of {options.tries}, {options.learners} learners")
+        marker = f"{os.getpid()}-{time.time_ns()}"
+        os.environ["COURSE_CLASSROOM_RUN"] = marker  # inherited by every kernel and worker we start
+        for notebook in options.notebooks:
+            run = run_notebook(notebook, options.learners, marker)
+            outcomes = run["outcomes"]
+            passed = sum(o["error"] is None for o in outcomes)
+            clashes = sum(o["clashes"] for o in outcomes)
+            times = [o["seconds"] for o in outcomes]
+            per_learner = run["peak_above_idle"] / 2**30 / options.learners
+            print(f"  {Path(notebook).name}: {passed} of {options.learners} passed, wall {run['wall']:.0f} s "
+                  f"(each learner {min(times):.0f}-{max(times):.0f} s, median {statistics.median(times):.0f} s), "
+                  f"port clashes {clashes}, peak memory above idle {run['peak_above_idle'] / 2**30:.1f} GiB "
+                  f"({per_learner:.2f} GiB a learner)")
+            for outcome in outcomes:
+                if outcome["error"]:
+                    print(f"    failed: {outcome['error']}")
+            print_breakdown(run["breakdown"], options.learners)
+            summary.append((attempt, Path(notebook).stem, passed, run["wall"], clashes, per_learner))
+        leftovers = leftover_processes(marker)
+        print(f"  processes left behind: {len(leftovers)}")
+        for process in leftovers:
+            print(f"    {process.pid}: {' '.join(process.cmdline())[:120]}")
+    print(f"\n| try | notebook | passed | wall | port clashes | peak memory above idle, a learner |")
+    print("|---|---|---|---|---|---|")
+    for attempt, name, passed, wall, clashes, per_learner in summary:
+        print(f"| {attempt} | {name} | {passed} of {options.learners} | {wall:.0f} s | {clashes} | {per_learner:.2f} GiB |")
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -209,6 +209,59 @@ def test_a_slow_start_is_reported_as_such():
     assert "did not all start within 0.2 s" in str(info.value)
 
 
+
+# ---------------------------------------------------------------- a crowded machine
+SHARED_CORE = min(os.sched_getaffinity(0))
+
+
+def compute_on_the_shared_core(cpu_seconds):
+    """CPU-bound work worth cpu_seconds of one core, on the core the other processes crowd."""
+    os.sched_setaffinity(0, {SHARED_CORE})
+    start = time.process_time()
+    while time.process_time() - start < cpu_seconds:
+        pass
+    return time.process_time() - start
+
+
+def spin_on_the_shared_core():
+    os.sched_setaffinity(0, {SHARED_CORE})
+    while True:
+        pass
+
+
+@pytest.fixture
+def crowded_core():
+    """Four busy processes on one core: a rank there gets about a fifth of it, as in a full class."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             preexec_fn=lambda: os.sched_setaffinity(0, {SHARED_CORE})) for _ in range(4)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux's /proc/PID/schedstat")
+def test_a_crowded_machine_slows_a_launch_but_does_not_time_it_out(crowded_core):
+    started = time.monotonic()
+    used = launch(compute_on_the_shared_core, 2, args=(0.3,), timeout=1, threads=1, show_output=False)
+    took = time.monotonic() - started
+    assert all(seconds >= 0.3 for seconds in used)
+    assert took > 1, f"the core was not crowded ({took:.1f} s): the test shows nothing"
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux's /proc/PID/schedstat")
+def test_a_hang_on_a_crowded_machine_still_times_out_and_says_why(crowded_core):
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout) as info:
+        launch(spin_on_the_shared_core, 2, timeout=1, threads=1)
+    took = time.monotonic() - started
+    assert took < launch_module._MAX_STRETCH * 1 + 10  # stretched, but bounded
+    assert info.value.waited_s >= 1, info.value.waited_s
+    assert "waited" in str(info.value) and "for a CPU" in str(info.value) and "raise timeout=" in str(info.value)
+
+
 # ---------------------------------------------------------------- many cores, notebook state, GPUs
 def multithreaded_training_step():
     torch.manual_seed(0)
