@@ -33,7 +33,6 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from course_lib.launcher import available_cpus  # noqa: E402
 
 CLASH = "Address already in use"
 
@@ -80,35 +79,37 @@ def watch_memory(stop: threading.Event, samples: list) -> None:
 ROLES = ("notebook client", "kernel", "launch server", "ranks", "other")
 
 
-def _role(process: psutil.Process, servers: set[int]) -> str:
-    command = " ".join(process.cmdline())
+def _role(command: str, parent: int, servers: set[int]) -> str:
+    if parent in servers:  # forked by the launch server: a rank (same command line as its server)
+        return "ranks"
     if "ipykernel_launcher" in command:
         return "kernel"
     if "forkserver" in command:
-        servers.add(process.pid)
         return "launch server"
-    if process.ppid() in servers:
-        return "ranks"
-    if "multiprocessing.spawn" in command and process.ppid() == os.getpid():
+    if "multiprocessing.spawn" in command and parent == os.getpid():
         return "notebook client"
     return "other"
 
 
 def watch_processes(stop: threading.Event, marker: str, breakdown: dict) -> None:
-    """Every second, each of the run's processes' PSS and RSS; keeps the sample with the most PSS."""
-    servers: set[int] = set()
+    """Every second, each of the run's processes' PSS, USS and RSS; keeps the sample with the most PSS."""
     while not stop.is_set():
-        sample = {role: [] for role in ROLES}
-        for process in psutil.process_iter(["pid"]):
+        found = []
+        for process in psutil.process_iter(["pid", "ppid", "cmdline"]):
             try:
-                if process.pid == os.getpid() or process.environ().get("COURSE_CLASSROOM_RUN") != marker:
-                    continue
-                role = _role(process, servers)
-                memory = process.memory_full_info()
-                sample[role].append((memory.pss, memory.rss))
+                if process.pid != os.getpid() and process.environ().get("COURSE_CLASSROOM_RUN") == marker:
+                    found.append((process, " ".join(process.info["cmdline"] or []), process.info["ppid"]))
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        total = sum(pss for role in ROLES for pss, _ in sample[role])
+        servers = {process.pid for process, command, _ in found if "forkserver" in command}
+        sample = {role: [] for role in ROLES}
+        for process, command, parent in found:
+            try:
+                memory = process.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            sample[_role(command, parent, servers)].append((memory.pss, memory.uss, memory.rss))
+        total = sum(values[0] for role in ROLES for values in sample[role])
         if total > breakdown.get("total_pss", -1):
             breakdown.update(total_pss=total, sample=sample)
         stop.wait(1.0)
@@ -120,14 +121,14 @@ def print_breakdown(breakdown: dict, learners: int) -> None:
         return
     print(f"    where the memory went, at the moment the run's processes used the most "
           f"({breakdown['total_pss'] / 2**30:.2f} GiB PSS in all, {breakdown['total_pss'] / 2**30 / learners:.2f} "
-          f"GiB a learner):")
-    print(f"    {'process':<16}{'count':>6}{'PSS, all':>11}{'PSS each':>11}{'RSS each':>11}")
+          f"GiB a learner); USS: the memory only that process uses")
+    print(f"    {'process':<16}{'count':>6}{'PSS, all':>11}{'PSS each':>11}{'USS each':>11}{'RSS each':>11}")
     for role in ROLES:
         values = sample[role]
         if values:
-            pss, rss = sum(v[0] for v in values), sum(v[1] for v in values)
-            print(f"    {role:<16}{len(values):>6}{pss / 2**20:>9.0f} M{pss / len(values) / 2**20:>9.0f} M"
-                  f"{rss / len(values) / 2**20:>9.0f} M")
+            pss, uss, rss = (sum(v[i] for v in values) / 2**20 for i in range(3))
+            n = len(values)
+            print(f"    {role:<16}{n:>6}{pss:>9.0f} M{pss / n:>9.0f} M{uss / n:>9.0f} M{rss / n:>9.0f} M")
 
 
 def run_notebook(notebook: str, learners: int, marker: str) -> dict:
@@ -182,6 +183,10 @@ def main() -> int:
     parser.add_argument("--notebooks", nargs="+",
                         default=["notebooks/01_collectives.ipynb", "notebooks/03_ddp.ipynb"])
     options = parser.parse_args()
+    # Imported here, not at the top: each learner's process (spawned, so it imports this file)
+    # stands for the learner's Jupyter server, which does not load torch.
+    from course_lib.launcher import available_cpus
+
     print(f"machine: {platform.machine()}, {available_cpus()} cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
     summary = []
