@@ -1295,10 +1295,14 @@ if _importing_in_launch_server():
     # Every rank is a copy-on-write fork of the server. Python's garbage collector writes to each
     # object it examines, so a rank's first full collection would copy most of the pages holding
     # the preloaded modules' objects into the rank's own memory. Frozen, they are never examined.
+    # (Thawed when the server itself exits, so that its shutdown still frees them: nanobind
+    # modules complain about objects left alive at exit. Ranks leave by os._exit.)
+    import atexit
     import gc
 
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)
 
 if _in_notebook_kernel():  # start the launch server while the learner reads the first cells
     warm_up()
