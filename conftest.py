@@ -16,6 +16,21 @@ _outcomes: dict[str, str] = {}
 _started = time.monotonic()
 
 
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds every process on this machine has used since boot (Linux), to tell a run that
+    kept the cores busy from one that waited: processes the run did not wait for (a kernel's
+    workers, the browser) escape its own rusage but not this."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            user, nice, system, idle, iowait, irq, softirq, steal = map(int, stat.readline().split()[1:9])
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+_machine_busy_at_start = _machine_busy_seconds()
+
+
 def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
     if report.when == "call" or report.outcome != "passed":
@@ -33,7 +48,13 @@ def pytest_sessionfinish(session, exitstatus):
                                   "outcome": _outcomes.get(nodeid, "passed")}) + "\n")
         out.write(json.dumps({"stage": stage, "test": None, "seconds": round(time.monotonic() - _started, 2),
                               "cpu_seconds": round(_cpu_seconds(), 1),
+                              "machine_cpu_seconds": _machine_busy_since_start(),
                               "outcome": "failed" if exitstatus else "passed"}) + "\n")
+
+
+def _machine_busy_since_start() -> float | None:
+    now = _machine_busy_seconds()
+    return None if now is None or _machine_busy_at_start is None else round(now - _machine_busy_at_start, 1)
 
 
 def _cpu_seconds() -> float:

@@ -32,11 +32,14 @@ def table(entries: list[dict], top: int) -> str:
     runs = [e for e in entries if e["test"] is None]
     tests = [e for e in entries if e["test"] is not None]
     lines = ["", "Where `make test` spent its time", "",
-             "stage (one pytest run each)            wall        CPU time (cores busy on average)"]
+             "stage (one pytest run each)            wall        CPU time (cores busy on average)"
+             "   whole machine's CPU time (cores busy)"]
     for run in runs:
         cpu = run.get("cpu_seconds") or 0.0
         busy = f"{minutes(cpu)} ({cpu / run['seconds']:.1f})" if cpu and run["seconds"] else "     -"
-        lines.append(f"  {run['stage']:<36} {minutes(run['seconds'])}  {busy}  {run['outcome']}")
+        machine = run.get("machine_cpu_seconds")
+        machine = f"{minutes(machine)} ({machine / run['seconds']:.1f})" if machine and run["seconds"] else "     -"
+        lines.append(f"  {run['stage']:<36} {minutes(run['seconds'])}  {busy}  {machine}  {run['outcome']}")
     lines.append(f"  {'all stages':<36} {minutes(sum(r['seconds'] for r in runs))}")
     by_file: dict[tuple[str, str], float] = defaultdict(float)
     for e in tests:
