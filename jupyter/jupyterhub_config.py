@@ -30,6 +30,7 @@ import secrets
 import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
@@ -98,6 +99,16 @@ class CourseSpawner(SimpleLocalProcessSpawner):
     def cgroup_name(self) -> str:
         return f"jupyterhub-{HUB_ID}-{self.user.name}"
 
+    @property
+    def runtime_dir(self) -> str:
+        """Where the learner's kernels' sockets live: a short path (a socket's path has at most 107 bytes)."""
+        return os.path.join(tempfile.gettempdir(), f"jupyterhub-{HUB_ID}-{self.user.name}")
+
+    def get_env(self):
+        env = super().get_env()
+        env["JUPYTER_RUNTIME_DIR"] = self.runtime_dir
+        return env
+
     def _choose_cores(self) -> set[int]:
         """The learner's share: whole cores, the least used first."""
         cores = sorted(os.sched_getaffinity(0))
@@ -144,6 +155,7 @@ class CourseSpawner(SimpleLocalProcessSpawner):
     async def stop(self, now=False):
         await super().stop(now=now)
         self._cores_in_use.pop(self.user.name, None)
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
         base, _ = _own_memory_cgroup()
         folder = base / self.cgroup_name if base else None
         if folder is not None and folder.exists():
@@ -163,6 +175,7 @@ def copy_course(spawner):
     """On a learner's first start: their own copy of the lessons and exercises."""
     home = Path(spawner.home_dir)
     home.mkdir(parents=True, exist_ok=True)
+    os.makedirs(spawner.runtime_dir, mode=0o700, exist_ok=True)
     for folder in COPIED_FOLDERS:
         if not (home / folder).exists():
             shutil.copytree(REPO / folder, home / folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
@@ -211,7 +224,12 @@ c.JupyterHub.load_roles = [
 c.JupyterHub.spawner_class = CourseSpawner
 c.CourseSpawner.home_dir_template = str(LEARNERS / "{username}")
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]
-c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []  # JupyterLab refuses root otherwise
+# Kernels talk to the learner's server over local (IPC) sockets, not TCP ports: a TCP port chosen
+# for a kernel can be taken by another learner's ranks before the kernel binds it, and then that
+# kernel never starts.
+c.Spawner.args = ["--KernelManager.transport=ipc"]
+if os.geteuid() == 0:
+    c.Spawner.args.append("--allow-root")  # JupyterLab refuses to run as root otherwise
 c.Spawner.default_url = "/lab/tree/notebooks"
 c.Spawner.pre_spawn_hook = copy_course
 c.Spawner.cpu_limit = float(os.environ.get("HUB_CPUS_PER_LEARNER") or 1)

@@ -3,7 +3,8 @@
     python scripts/classroom_load.py [--learners 10] [--notebooks notebooks/01_collectives.ipynb ...]
 
 Each learner is a fresh Jupyter kernel executing a private copy of the notebook top to
-bottom (nbclient, as JupyterLab's Run All does), all started together. Reported, measured
+bottom (nbclient, as JupyterLab's Run All does), all started together; kernels use local
+(IPC) sockets, as in the course's hub (jupyter/jupyterhub_config.py). Reported, measured
 in this one run: how many finished with every check passed, the wall time, port clashes
 ("Address already in use" anywhere in the outputs), processes left behind afterwards, and the
 machine's peak memory use above what it used before, per learner, and where it went: the
@@ -38,6 +39,7 @@ CLASH = "Address already in use"
 
 
 def one_learner(notebook: str, folder: str, queue) -> None:
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     started = time.perf_counter()
@@ -45,9 +47,12 @@ def one_learner(notebook: str, folder: str, queue) -> None:
     shutil.copy(notebook, copy)
     nb = nbformat.read(copy, as_version=4)
     error = None
+    # The kernel talks to its client over local (IPC) sockets, as in the course's hub: with TCP,
+    # the ports a kernel is given are free when chosen but can be taken by another learner's
+    # ranks before the kernel binds them, and that kernel never starts.
+    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(folder) / "kernel"))
     try:
-        NotebookClient(nb, timeout=900, kernel_name="python3",
-                       resources={"metadata": {"path": folder}}).execute()
+        NotebookClient(nb, km=kernel, timeout=900, resources={"metadata": {"path": folder}}).execute()
     except Exception as exc:  # noqa: BLE001 - a failing learner is a result, not a crash
         error = _describe(exc, nb)
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
