@@ -215,14 +215,15 @@ def test_a_class_runs_a_lesson_and_hands_in_through_the_hub(tmp_path):
         for outcome in outcomes:
             assert outcome["failure"] is None and outcome["failed"] == 0 and outcome["passed"] > 0, outcome
 
-        # Hand-in, as the README says: each learner's exercise folder into SUBMISSIONS/<learner>/.
+        # Hand-in, with the README's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/.
         started = time.monotonic()
-        submissions, exercises = tmp_path / "submissions", tmp_path / "exercises"
+        submissions, exercises = tmp_path / "SUBMISSIONS", tmp_path / "exercises"
         exercises.mkdir()
         shutil.copy(REPO / "exercises" / LESSON, exercises)
-        for name in LEARNERS:
-            shutil.copytree(state / "learners" / name / "exercises", submissions / name,
-                            ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        collect = ('mkdir SUBMISSIONS\n'
+                   'for learner in "$HUB_STATE"/learners/*; do cp -r "$learner/exercises" '
+                   '"SUBMISSIONS/$(basename "$learner")"; done')
+        subprocess.run(["bash", "-c", collect], cwd=tmp_path, env={**env, "HUB_STATE": str(state)}, check=True)
         graded = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(submissions),
                                  "--exercises", str(exercises)], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert graded.returncode == 0, graded.stdout + graded.stderr
