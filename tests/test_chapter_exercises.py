@@ -76,6 +76,9 @@ def graded_class(request, tmp_path_factory):
         return folder, list(csv.DictReader(f))
 
 
+# The first test's setup grades the whole class (every chapter's students, one grade.py run):
+# minutes, not the 600 s pytest-timeout gives any single test. grade.py has its own limits.
+@pytest.mark.timeout(3000)
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda path: path.stem)
 def test_grading_rewards_right_answers_and_only_them(exercise, graded_class):
     folder, rows = graded_class
