@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["GPTConfig", "TEXT", "SYMBOLS", "encode", "decode", "training_batch", "make_gpt", "GPT",
            "cross_entropy", "stage_module", "tensor_parallel_plan", "ParallelGPT", "AxisCount",
-           "gathered_parameters", "tp_local_parameters", "communication_per_step",
+           "gathered_parameters", "tp_local_parameters", "parameter_count", "communication_per_step",
            "wire_factor", "axis_bandwidths", "step_time_model"]
 
 
@@ -381,6 +381,12 @@ def tp_local_parameters(config: GPTConfig, tp: int) -> dict[str, int]:
     return {"block": block, "embeddings": (V * D + S * D) // tp, "head": V * D // tp, "final norm": 2 * D}
 
 
+def parameter_count(config: GPTConfig) -> int:
+    """Parameters of the whole model: every block, the embeddings, the final norm and the head."""
+    parts = tp_local_parameters(config, 1)
+    return config.layers * parts["block"] + parts["embeddings"] + parts["head"] + parts["final norm"]
+
+
 def communication_per_step(config: GPTConfig, dp: int, pp: int, tp: int, n_microbatches: int,
                            batch_size: int, stage: int, element_size: int = 8) -> dict[tuple[str, str], tuple[int, int]]:
     """(axis, op) -> (times, payload bytes) one rank of pipeline stage ``stage`` runs in one
@@ -448,9 +454,7 @@ def step_time_model(config: GPTConfig, dp: int, pp: int, tp: int, n_microbatches
     stretched by the pipeline bubble, plus each axis's wire bytes over that axis's bandwidth
     (nothing overlapped: an upper bound that ranks layouts, not a prediction)."""
     m = n_microbatches if pp > 1 else 1
-    params = config.layers * tp_local_parameters(config, 1)["block"] + sum(
-        v for k, v in tp_local_parameters(config, 1).items() if k != "block")
-    flops = 6 * params * batch_size * config.context           # forward 2, backward 4 per parameter and token
+    flops = 6 * parameter_count(config) * batch_size * config.context           # forward 2, backward 4 per parameter and token
     compute = flops / (dp * pp * tp) / flops_per_s * (m + pp - 1) / m
     bandwidth = axis_bandwidths(dp, pp, tp, ranks_per_node, intra, inter)
     size = {"dp": dp, "pp": pp, "tp": tp}
