@@ -25,6 +25,7 @@ import nbformat
 import pytest
 
 from browser import JupyterLab, StoredFacts, browser_page, missing_requirements, run_notebook
+from optional import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 LESSONS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
@@ -32,11 +33,7 @@ NEWS_PROMPT = "official Jupyter news"
 
 
 def _skip_or_fail_without_a_browser():
-    reason = missing_requirements()
-    if reason:
-        if os.environ.get("COURSE_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"the browser test must run here but cannot: {reason}")
-        pytest.skip(reason)
+    skip_or_fail(missing_requirements(), "COURSE_REQUIRE_BROWSER", "the browser test")
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from optional import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "jupyter" / "jupyterhub_config.py"
@@ -58,11 +59,7 @@ def _missing_requirements() -> str | None:
 
 @pytest.fixture(autouse=True)
 def _hub_requirements():
-    reason = _missing_requirements()
-    if reason:
-        if os.environ.get("COURSE_REQUIRE_HUB") == "1":
-            pytest.fail(f"the hub test must run here but cannot: {reason}")
-        pytest.skip(reason)
+    skip_or_fail(_missing_requirements(), "COURSE_REQUIRE_HUB", "the hub test")
 
 
 def _free_port() -> int:

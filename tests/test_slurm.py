@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from course_lib import slurm
 from course_lib.torchrun_script import write_torchrun_script
+from optional import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,9 +36,7 @@ def where_am_i():
 @pytest.fixture
 def cluster():
     if not slurm.cluster_up():
-        if os.environ.get("COURSE_REQUIRE_SLURM") == "1":
-            pytest.fail("COURSE_REQUIRE_SLURM=1 but " + slurm.why_no_cluster())
-        pytest.skip(slurm.why_no_cluster())
+        skip_or_fail(slurm.why_no_cluster(), "COURSE_REQUIRE_SLURM", "the Slurm tests")
 
 
 @pytest.mark.parametrize("form", ["torchrun", "srun"])
