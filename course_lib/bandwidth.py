@@ -6,8 +6,9 @@ Inside a worker::
     from course_lib.bandwidth import sweep, SIZES_1K_TO_64M
     seconds = sweep({"gloo": dist.all_reduce, "mine": my_all_reduce}, SIZES_1K_TO_64M)
 
-returns, for each name, the time of one call per size (the slowest rank's mean over a few
-calls, after a warm-up call). In the notebook::
+returns, for each name, the time of one call per size: after a warm-up call, a few calls are
+timed one by one, each call as long as its slowest rank took, and the fastest call is kept (other
+work on the machine can only make a call slower, never faster). In the notebook::
 
     busbw = bus_bandwidth(size_bytes, seconds, "all_reduce", world_size)
     alpha, beta = fit_alpha_beta(sizes, seconds)   # t ≈ alpha + beta * size
@@ -50,15 +51,20 @@ def calls_for(size_bytes: int, budget_bytes: int = 16 * 2**20, most: int = 40) -
 
 
 def time_calls(fn, tensor: torch.Tensor, calls: int) -> float:
-    """Seconds per call of fn(tensor), the slowest rank's, after one warm-up call."""
+    """Seconds of the fastest of ``calls`` calls of fn(tensor), each the slowest rank's, after a warm-up call.
+
+    The fastest, not the mean: a rank that loses its CPU to other work for a moment (10-100 ms is
+    common on a busy machine) makes one call slower, never one faster.
+    """
     fn(tensor)
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
+    seconds = torch.empty(calls, dtype=torch.float64)
+    for call in range(calls):
+        start = time.perf_counter()
         fn(tensor)
-    elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # a collective is as slow as its slowest rank
-    return elapsed.item()
+        seconds[call] = time.perf_counter() - start
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # a collective is as slow as its slowest rank
+    return seconds.min().item()
 
 
 def sweep(fns: dict, sizes_bytes: list, dtype=torch.float32) -> dict:
