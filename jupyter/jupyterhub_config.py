@@ -237,4 +237,7 @@ c.Spawner.mem_limit = _bytes(os.environ.get("HUB_MEMORY_PER_LEARNER") or "2G")
 # Many servers starting at once on a small machine take longer than JupyterHub's 30 s default.
 c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 300
-c.Spawner.environment = {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+# OMP_WAIT_POLICY=PASSIVE: the learners' ranks share the server's cores, and an OpenMP thread that
+# spins while it waits for work takes a core another learner's rank needs (results do not change).
+c.Spawner.environment = {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                         "OMP_WAIT_POLICY": "PASSIVE"}

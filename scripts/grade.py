@@ -459,7 +459,10 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
         env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", COURSE_GRADER_RECORD=str(rundir / "records.jsonl"),
                    COURSE_GRADING="1", COURSE_GRADING_SEED_FILE=str(seed_file),
                    COURSE_GRADER_CELL_TIMEOUT=str(options.cell_timeout),
-                   OMP_NUM_THREADS=str(max(1, available_cpus() // options.jobs)), PYTHONDONTWRITEBYTECODE="1")
+                   OMP_NUM_THREADS=str(max(1, available_cpus() // options.jobs)), PYTHONDONTWRITEBYTECODE="1",
+                   # the jobs' ranks share the cores: a waiting OpenMP thread sleeps instead of
+                   # spinning on a core another job's rank needs (results do not change)
+                   OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         command = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.verdicts",
                    "-c", str(rundir / "pytest.ini"), "--rootdir", str(rundir), "--nbval-lax", "--nbval-current-env",
                    f"--nbval-cell-timeout={options.cell_timeout}", "-q", str(nb_path)]
