@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from course_lib.torchrun import Nodes, accepts_connections, free_port  # noqa: E402
 from course_lib.torchrun_script import write_torchrun_script  # noqa: E402
 
-SETTINGS = {  # --rdzv-conf values; chapter 04 uses the last one
+SETTINGS = {  # --rdzv-conf values; chapter 04 uses the last one with last_call_timeout=3 (its text says why)
     "default": "",
     "last_call_timeout=1": "last_call_timeout=1",
     "last_call 1, keep-alive 1 s x 5": "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5",
