@@ -185,13 +185,31 @@ class _DispatcherWatch(TorchDispatchMode):
     def __init__(self, ops: list):
         super().__init__()
         self._ops = ops
+        self.in_flight = []  # outputs of functional collectives, which run on after they return
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
         if func.namespace in ("c10d", "_c10d_functional"):
             op = _describe(func, args)
             if op is not None:
                 self._ops.append(op)
-        return func(*args, **(kwargs or {}))
+                if func.namespace == "_c10d_functional":
+                    self.in_flight.append(result)
+        return result
+
+    def wait_for_in_flight(self) -> None:
+        """Wait until every functional collective started in the block has finished.
+
+        DTensor's collectives return at once and finish on the backend's thread, which reports
+        to the profiler as it goes; stopping the profiler under a running collective corrupts
+        memory (a rank died of it in about 1 launch in 25). Waiting here changes no result: the
+        program waits for the same collectives when it first reads their outputs.
+        """
+        for result in self.in_flight:
+            for tensor in result if isinstance(result, (list, tuple)) else [result]:
+                if isinstance(tensor, torch.Tensor):
+                    torch.ops._c10d_functional.wait_tensor(tensor)
+        self.in_flight.clear()
 
 
 @contextlib.contextmanager
@@ -244,6 +262,7 @@ class CommAudit:
 
     def __exit__(self, *exc_info):
         self._mode.__exit__(*exc_info)
+        self._mode.wait_for_in_flight()  # before the profiler stops (see wait_for_in_flight)
         self._mode = None
         if self._profiler is not None:
             with _quiet_stderr():
