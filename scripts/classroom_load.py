@@ -192,6 +192,10 @@ def main() -> int:
     # stands for the learner's Jupyter server, which does not load torch.
     from course_lib.launcher import available_cpus
 
+    # As the course's hub does for its learners (jupyter/jupyterhub_config.py): OpenMP threads
+    # that wait for work sleep instead of spinning on a core another learner's rank needs.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
     print(f"machine: {platform.machine()}, {available_cpus()} cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
     summary = []
