@@ -6,8 +6,8 @@ takes back data only (``Learner``); ``verdicts`` is the pytest plugin through wh
 ``scripts/grade.py`` hears each check's outcome on a pipe no learner process holds.
 """
 
-from .checks import CheckFailed, checking, expect, expect_close, expect_equal
+from .checks import CheckFailed, checking, expect, expect_close, expect_equal, run_until_clean
 from .judge import AnswerRef, Learner, hidden_seed, in_grading
 
-__all__ = ["CheckFailed", "checking", "expect", "expect_close", "expect_equal",
+__all__ = ["CheckFailed", "checking", "expect", "expect_close", "expect_equal", "run_until_clean",
            "Learner", "AnswerRef", "hidden_seed", "in_grading"]
