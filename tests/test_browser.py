@@ -16,7 +16,6 @@ the reason, unless COURSE_REQUIRE_BROWSER=1 (CI), where it fails instead.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
