@@ -129,17 +129,46 @@ class LaunchError(RuntimeError):
 class WorkerError(LaunchError):
     """One rank raised (or died). ``rank``, ``exc_type`` and ``remote_traceback`` say how."""
 
-    def __init__(self, rank, exc_type, message, remote_traceback, world_size):
+    def __init__(self, rank, exc_type, message, remote_traceback, world_size, also_failed=()):
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.remote_traceback = remote_traceback
-        others = world_size - 1
+        self.also_failed = list(also_failed)  # other ranks' failures seen with this one (WorkerErrors)
+        also = "".join(f"\nRank {other.rank} failed too, with {other.exc_type}: {_first_line(other.message)}"
+                       for other in self.also_failed)
+        others = world_size - 1 - len(self.also_failed)
         stopped = f"\nThe other {others} rank{'s were' if others != 1 else ' was'} stopped." if others else ""
         super().__init__(
             f"rank {rank} failed with {exc_type}: {message}\n"
-            f"{remote_traceback.rstrip()}{stopped}"
+            f"{remote_traceback.rstrip()}{also}{stopped}"
         )
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+# What gloo and the store raise on a rank whose peer went away: that rank is a victim, not the cause.
+_LOST_PEER = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused|remote worker", re.IGNORECASE)
+
+
+def _lost_a_peer(error: WorkerError) -> bool:
+    return error.exc_type != "ProcessDied" and bool(_LOST_PEER.search(error.message))
+
+
+def _root_cause(failures: list[WorkerError], world_size: int) -> WorkerError:
+    """Of the ranks that failed together, the one to blame: a rank that died, else one whose error
+    is not a lost connection, else the first. The others are listed with it."""
+    died = [f for f in failures if f.exc_type == "ProcessDied"]
+    own = [f for f in failures if not _lost_a_peer(f)]
+    cause = (died or own or failures)[0]
+    if len(failures) == 1:
+        return cause
+    rest = sorted((f for f in failures if f is not cause), key=lambda f: f.rank)
+    return type(cause)(cause.rank, cause.exc_type, cause.message, cause.remote_traceback, world_size,
+                       also_failed=rest)
 
 
 class UnsendableResult(WorkerError, TypeError):
@@ -1005,7 +1034,8 @@ def launch(
     live: in a notebook, show the ranks' progress while they run.
 
     Raises WorkerError when a rank raises or dies (the other ranks are stopped at
-    once), WorkerTimeout when a time limit passes (with every rank's stack and
+    once; when the first error is a lost connection, up to a second later, blaming the
+    rank that died or raised an error of its own and listing the others), WorkerTimeout when a time limit passes (with every rank's stack and
     whether it was inside a collective), and TypeError/ValueError for bad arguments.
     """
     results, _ = _launch(fn, world_size, args, kwargs, timeout=timeout, backend=backend,
@@ -1117,6 +1147,8 @@ def _load_data(payload: bytes, rank: int, world_size: int):
 
 
 _MEMORY_SAMPLE_SECONDS = 0.01
+# After a rank reports a lost connection, how long to watch the other ranks for the cause.
+_FAILURE_GRACE_S = 1.0
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -1176,8 +1208,11 @@ class _Waiter:
             if self.judged:
                 self._sample_memory()
             watched = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
-            for ready in wait_for_any(watched, timeout=poll):
-                self._handle(ready)
+            try:
+                for ready in wait_for_any(watched, timeout=poll):
+                    self._handle(ready)
+            except WorkerError as first:
+                raise self._with_the_others(first) from None
             now = time.monotonic()
             if fn_started is None and len(self.entered) == self.world_size:
                 fn_started, fn_waits = now, self._cpu_waits()
@@ -1193,6 +1228,30 @@ class _Waiter:
                                     phase="startup", waited_s=self.waited)
             self.live_view.update(launched, self.paths["out"], self.paths["progress"])
         return self.results
+
+    def _with_the_others(self, first: WorkerError) -> WorkerError:
+        """A rank that lost a connection is usually not the cause: watch the others a moment longer.
+
+        When a rank dies, its peers' sockets close at once and gloo raises "Connection closed by
+        peer" on them; that error can reach the launcher before the death does. So after such an
+        error the launcher waits up to _FAILURE_GRACE_S for the other ranks and blames the rank
+        that died or raised an error of its own (see _root_cause), naming the others too.
+        """
+        failures = [first]
+        self.pending.discard(first.rank)
+        deadline = time.monotonic() + (_FAILURE_GRACE_S if _lost_a_peer(first) else 0.0)
+        while self.pending:
+            for ready in wait_for_any([self.conns[r] for r in self.pending] +
+                                      [self.procs[r].sentinel for r in self.pending],
+                                      timeout=max(0.0, deadline - time.monotonic())):
+                try:
+                    self._handle(ready)
+                except WorkerError as error:
+                    failures.append(error)
+                    self.pending.discard(error.rank)
+            if time.monotonic() >= deadline:
+                break
+        return _root_cause(failures, self.world_size)
 
     def _handle(self, ready):
         rank = self.sentinel_rank[ready] if isinstance(ready, int) else self.conn_rank[id(ready)]

@@ -161,6 +161,50 @@ def test_a_rank_that_dies_is_reported():
         launch(exit_without_reporting, 2, timeout=60)
 
 
+def dies_while_its_peers_wait_in_a_collective(folder):
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    if dist.get_rank() == 2:
+        time.sleep(1.0)  # ranks 0 and 1 are inside the all-reduce by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+    return "done"
+
+
+def test_a_dead_rank_is_blamed_not_the_peers_that_lost_their_connection(tmp_path):
+    with pytest.raises(WorkerError) as info:
+        launch(dies_while_its_peers_wait_in_a_collective, 3, args=(str(tmp_path),), timeout=60)
+    error = info.value
+    assert (error.rank, error.exc_type) == (2, "ProcessDied"), str(error)
+    assert "killed by SIGKILL" in error.message
+    for other in error.also_failed:  # the peers' errors, when they came in time, are listed as such
+        assert other.rank in (0, 1) and launch_module._lost_a_peer(other), str(error)
+        assert f"Rank {other.rank} failed too" in str(error)
+    pids = read_pids(tmp_path)
+    assert len(pids) == 3 and not any(alive(pid) for pid in pids)
+
+
+def failure(rank, exc_type, message):
+    return WorkerError(rank, exc_type, message, "", 4)
+
+
+def test_the_root_cause_rule_whatever_order_the_failures_arrive_in():
+    closed = failure(0, "DistBackendError", "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242")
+    reset = failure(1, "RuntimeError", "Connection reset by peer")
+    died = failure(3, "ProcessDied", "the worker process was killed by SIGKILL before returning")
+    own = failure(2, "ValueError", "bad shape")
+    for arrived in ([closed, died], [died, closed], [closed, reset, died]):
+        blamed = launch_module._root_cause(arrived, 4)
+        assert (blamed.rank, blamed.exc_type) == (3, "ProcessDied")
+        assert sorted(f.rank for f in blamed.also_failed) == sorted(f.rank for f in arrived if f is not died)
+    blamed = launch_module._root_cause([closed, own], 4)  # a rank's own error beats a lost connection
+    assert blamed.rank == 2 and [f.rank for f in blamed.also_failed] == [0]
+    assert "Rank 0 failed too, with DistBackendError: [gloo/transport" in str(blamed)
+    assert "The other 2 ranks were stopped." in str(blamed)
+    blamed = launch_module._root_cause([closed, reset], 4)  # only lost connections: the first one
+    assert blamed.rank == 0 and [f.rank for f in blamed.also_failed] == [1]
+    assert launch_module._root_cause([own], 4) is own
+
+
 def only_rank_zero_reduces(folder):
     Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
     if dist.get_rank() == 0:
