@@ -6,14 +6,19 @@ Defined in chapter 03 (DDP), reused by every chapter that trains a model::
     X, y = load_digits_tensors()              # 1797 real 8x8 handwritten digits
     X_train, y_train, X_test, y_test = split_train_test(X, y)
 
-``load_digits`` ships inside scikit-learn, so nothing is downloaded. MNIST is used
+The digits ship inside scikit-learn (``sklearn.datasets.load_digits``), so nothing is
+downloaded; ``load_digits_tensors`` reads scikit-learn's file itself, without importing
+scikit-learn, whose import costs every process that loads the data (each rank) about a CPU-second
+and 80 MiB of its own memory. MNIST is used
 only when its files are already on disk (``load_mnist_if_present``); download it once,
 while online, with ``torchvision.datasets.MNIST(root, download=True)``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import torch
 
@@ -21,13 +26,29 @@ __all__ = ["load_digits_tensors", "split_train_test", "load_mnist_if_present", "
 
 
 def load_digits_tensors(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """scikit-learn's handwritten digits: ``X`` of shape (1797, 64) scaled to [0, 1], ``y`` int64 labels 0-9."""
-    from sklearn.datasets import load_digits  # shipped with scikit-learn: no download
+    """scikit-learn's handwritten digits: ``X`` of shape (1797, 64) scaled to [0, 1], ``y`` int64 labels 0-9.
 
-    digits = load_digits()
-    X = torch.as_tensor(digits.data, dtype=dtype) / 16.0  # pixel values are 0..16
-    y = torch.as_tensor(digits.target, dtype=torch.int64)
+    The same numbers as ``sklearn.datasets.load_digits()`` (tests/test_data.py compares them).
+    """
+    import numpy as np
+
+    table = np.loadtxt(_digits_file(), delimiter=",")  # one row a digit: 64 pixels, then the label
+    X = torch.as_tensor(table[:, :-1], dtype=dtype) / 16.0  # pixel values are 0..16
+    y = torch.as_tensor(table[:, -1].astype(np.int64))
     return X, y
+
+
+def _digits_file() -> Path:
+    """Where scikit-learn keeps the digits, found without importing it."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("scikit-learn is not installed, and the digits data ship with it: "
+                                  "run `make setup` (or `pip install scikit-learn`)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if not path.exists():
+        raise FileNotFoundError(f"scikit-learn has no {path.name} where it used to ({path}): "
+                                "reinstall it with `make setup`")
+    return path
 
 
 def split_train_test(X: torch.Tensor, y: torch.Tensor, test_fraction: float = 0.2, seed: int = 0):
