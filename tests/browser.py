@@ -143,20 +143,23 @@ class StoredFacts:
     images: int
     widgets: int
     reports_progress: bool  # its launches call report_progress: per-rank progress bars must appear
+    passed_per_cell: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, notebook_path: Path) -> "StoredFacts":
         cells = json.loads(notebook_path.read_text())["cells"]
         code = [c for c in cells if c["cell_type"] == "code"]
-        texts, images, widgets = [], 0, 0
+        passed, images, widgets = [], 0, 0
         for cell in code:
+            texts = []
             for output in cell.get("outputs", []):
                 data = output.get("data", {})
                 texts.append("".join(output.get("text", "")) + "".join(data.get("text/plain", "")))
                 images += "image/png" in data or "image/svg+xml" in data
                 widgets += WIDGET_MIME in data
+            passed.append(sum(t.count(CHECK_PASSED) for t in texts))
         reports = any("report_progress(" in "".join(c["source"]) for c in code)
-        return cls(len(code), sum(t.count(CHECK_PASSED) for t in texts), images, widgets, reports)
+        return cls(len(code), sum(passed), images, widgets, reports, tuple(passed))
 
 
 @dataclass
@@ -250,6 +253,12 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
             break
     else:
         run.problems.append(f"the notebook did not finish within {timeout_s:.0f} s")
+    # A cell's last outputs can reach the page a moment after its prompt and the kernel's idle
+    # status: while the checks shown differ from the stored ones, read the page again (up to 15 s).
+    settled = time.monotonic() + 15
+    while _passed_per_cell(cells) != list(stored.passed_per_cell) and time.monotonic() < settled:
+        time.sleep(1)
+        cells = page.evaluate(_READ_PAGE)
     run.seconds = time.monotonic() - started
     run.progress_bars_seen = page.evaluate("() => window.__progressBarsSeen")
     _inspect(run, cells, stored)
@@ -343,6 +352,10 @@ def output_differences(saved: Path, stored: Path, sanitize_file: Path) -> list[s
     return problems
 
 
+def _passed_per_cell(cells: list[dict]) -> list[int]:
+    return [c["text"].count(CHECK_PASSED) for c in cells]
+
+
 def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
     numbers = [int(re.sub(r"\D", "", c["prompt"]) or 0) for c in cells]
     if len(cells) != stored.code_cells:
@@ -355,7 +368,11 @@ def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
         run.problems.append(f"a check failed: {failed[0][:200]}")
     passed = text.count(CHECK_PASSED)
     if passed != stored.passed_checks:
-        run.problems.append(f"{passed} passed checks on the page, {stored.passed_checks} in the stored notebook")
+        page_counts = _passed_per_cell(cells)
+        where = [f"code cell {i}: {n} on the page, {m} stored, page shows {cells[i]['text'][-300:]!r}"
+                 for i, (n, m) in enumerate(zip(page_counts, stored.passed_per_cell)) if n != m]
+        run.problems.append(f"{passed} passed checks on the page, {stored.passed_checks} in the stored notebook"
+                            + "".join(f"\n  {line}" for line in where))
     stderr_cells = [i for i, c in enumerate(cells) if c["stderr"]]
     if stderr_cells:
         run.problems.append(f"stderr or error output in code cells {stderr_cells}")
