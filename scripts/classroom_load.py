@@ -18,6 +18,7 @@ is reported. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import platform
@@ -168,8 +169,27 @@ def run_notebook(notebook: str, learners: int, marker: str) -> dict:
     return {"outcomes": outcomes, "wall": wall, "peak_above_idle": max(samples) - baseline, "breakdown": breakdown}
 
 
-def leftover_processes(marker: str) -> list[psutil.Process]:
+def leftover_processes(marker: str, patience_s: float = 60.0) -> tuple[int, float, list[psutil.Process]]:
+    """The run's processes still alive 5 s after its kernels were told to stop: how many, how long
+    until the last of them had exited (waiting up to patience_s), and those still alive then."""
     time.sleep(5)  # give exiting kernels a moment
+    lingering = _run_processes(marker)
+    count, waited = len(lingering), 5.0
+    while lingering and waited < patience_s:
+        time.sleep(1)
+        waited += 1
+        lingering = [p for p in lingering if _alive(p)]
+    return count, waited, lingering
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _run_processes(marker: str) -> list[psutil.Process]:
     leftovers = []
     ours = {child.pid for child in psutil.Process().children(recursive=True)}  # e.g. our resource tracker
     for process in psutil.process_iter(["pid"]):
@@ -219,10 +239,13 @@ def main() -> int:
                     print(f"    failed: {outcome['error']}")
             print_breakdown(run["breakdown"], options.learners)
             summary.append((attempt, Path(notebook).stem, passed, run["wall"], clashes, per_learner))
-        leftovers = leftover_processes(marker)
-        print(f"  processes left behind: {len(leftovers)}")
+        lingering, waited, leftovers = leftover_processes(marker)
+        exiting = f" ({lingering} still exiting 5 s after the kernels stopped, the last gone after {waited:.0f} s)" \
+            if lingering and not leftovers else ""
+        print(f"  processes left behind: {len(leftovers)}{exiting}")
         for process in leftovers:
-            print(f"    {process.pid}: {' '.join(process.cmdline())[:120]}")
+            with contextlib.suppress(psutil.Error):
+                print(f"    {process.pid}: {' '.join(process.cmdline())[:120]}")
     print(f"\n| try | notebook | passed | wall | port clashes | peak memory above idle, a learner |")
     print("|---|---|---|---|---|---|")
     for attempt, name, passed, wall, clashes, per_learner in summary:
