@@ -246,7 +246,7 @@ def main() -> int:
         for process in leftovers:
             with contextlib.suppress(psutil.Error):
                 print(f"    {process.pid}: {' '.join(process.cmdline())[:120]}")
-    print(f"\n| try | notebook | passed | wall | port clashes | peak memory above idle, a learner |")
+    print("\n| try | notebook | passed | wall | port clashes | peak memory above idle, a learner |")
     print("|---|---|---|---|---|---|")
     for attempt, name, passed, wall, clashes, per_learner in summary:
         print(f"| {attempt} | {name} | {passed} of {options.learners} | {wall:.0f} s | {clashes} | {per_learner:.2f} GiB |")
