@@ -1237,9 +1237,11 @@ class _Waiter:
         error the launcher waits up to _FAILURE_GRACE_S for the other ranks and blames the rank
         that died or raised an error of its own (see _root_cause), naming the others too.
         """
+        if not _lost_a_peer(first):
+            return first  # a rank that died or raised an error of its own is the cause: report it as it is
         failures = [first]
         self.pending.discard(first.rank)
-        deadline = time.monotonic() + (_FAILURE_GRACE_S if _lost_a_peer(first) else 0.0)
+        deadline = time.monotonic() + _FAILURE_GRACE_S
         while self.pending:
             for ready in wait_for_any([self.conns[r] for r in self.pending] +
                                       [self.procs[r].sentinel for r in self.pending],
@@ -1249,8 +1251,8 @@ class _Waiter:
                 except WorkerError as error:
                     failures.append(error)
                     self.pending.discard(error.rank)
-            if time.monotonic() >= deadline:
-                break
+            if time.monotonic() >= deadline or not all(_lost_a_peer(f) for f in failures):
+                break  # time is up, or the cause has shown itself
         return _root_cause(failures, self.world_size)
 
     def _handle(self, ready):

@@ -183,6 +183,20 @@ def test_a_dead_rank_is_blamed_not_the_peers_that_lost_their_connection(tmp_path
     assert len(pids) == 3 and not any(alive(pid) for pid in pids)
 
 
+def raises_while_the_others_wait_at_a_barrier():
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 cannot continue")
+    dist.barrier()  # loses its connection to rank 1 when rank 1 exits
+
+
+def test_an_error_of_its_own_is_reported_as_it_is_whatever_the_peers_raise_next():
+    for _ in range(3):
+        with pytest.raises(WorkerError) as info:
+            launch(raises_while_the_others_wait_at_a_barrier, 4, timeout=60)
+        assert (info.value.rank, info.value.exc_type, info.value.also_failed) == (1, "ValueError", [])
+        assert "The other 3 ranks were stopped." in str(info.value)
+
+
 def failure(rank, exc_type, message):
     return WorkerError(rank, exc_type, message, "", 4)
 
