@@ -1207,9 +1207,8 @@ class _Waiter:
         while self.pending:
             if self.judged:
                 self._sample_memory()
-            watched = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
             try:
-                for ready in wait_for_any(watched, timeout=poll):
+                for ready in wait_for_any(self._watched(), timeout=poll):
                     self._handle(ready)
             except WorkerError as first:
                 raise self._with_the_others(first) from None
@@ -1229,6 +1228,10 @@ class _Waiter:
             self.live_view.update(launched, self.paths["out"], self.paths["progress"])
         return self.results
 
+    def _watched(self) -> list:
+        """What to wait on: each pending rank's result pipe and its process's exit."""
+        return [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
+
     def _with_the_others(self, first: WorkerError) -> WorkerError:
         """A rank that lost a connection is usually not the cause: watch the others a moment longer.
 
@@ -1243,9 +1246,7 @@ class _Waiter:
         self.pending.discard(first.rank)
         deadline = time.monotonic() + _FAILURE_GRACE_S
         while self.pending:
-            for ready in wait_for_any([self.conns[r] for r in self.pending] +
-                                      [self.procs[r].sentinel for r in self.pending],
-                                      timeout=max(0.0, deadline - time.monotonic())):
+            for ready in wait_for_any(self._watched(), timeout=max(0.0, deadline - time.monotonic())):
                 try:
                     self._handle(ready)
                 except WorkerError as error:
