@@ -139,11 +139,14 @@ class StoredFacts:
     """What the committed (executed) notebook shows: the browser run must show the same."""
 
     code_cells: int
-    passed_checks: int
+    passed_per_cell: tuple[int, ...]  # check lines ("✔ ... passed") in each code cell's outputs
     images: int
     widgets: int
     reports_progress: bool  # its launches call report_progress: per-rank progress bars must appear
-    passed_per_cell: tuple[int, ...] = ()
+
+    @property
+    def passed_checks(self) -> int:
+        return sum(self.passed_per_cell)
 
     @classmethod
     def of(cls, notebook_path: Path) -> "StoredFacts":
@@ -159,7 +162,7 @@ class StoredFacts:
                 widgets += WIDGET_MIME in data
             passed.append(sum(t.count(CHECK_PASSED) for t in texts))
         reports = any("report_progress(" in "".join(c["source"]) for c in code)
-        return cls(len(code), sum(passed), images, widgets, reports, tuple(passed))
+        return cls(len(code), tuple(passed), images, widgets, reports)
 
 
 @dataclass
