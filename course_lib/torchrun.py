@@ -259,7 +259,8 @@ class Nodes:
     def __init__(self, script: str | Path, options: list[str], *, script_args=(), timeout: float = 240,
                  env: dict[str, str | None] | None = None):
         self.script = Path(script).resolve()
-        self.command = [*TORCHRUN, *options, str(self.script), *map(str, script_args)]
+        self.options = list(options)
+        self.script_and_args = [str(self.script), *map(str, script_args)]
         self.folder = Path(tempfile.mkdtemp(prefix="torchrun-nodes-"))
         self.env = _agent_env(env, self.folder)
         self.deadline = time.monotonic() + timeout
@@ -272,9 +273,10 @@ class Nodes:
     def __exit__(self, *exc) -> None:
         _stop(list(self.agents.values()), self.folder)
 
-    def start(self, name: str, env: dict[str, str] | None = None) -> Agent:
-        """Start one more agent (a node joining the job); ``env``: variables for this node only."""
-        agent = Agent(self.command, self.folder / f"agent-{name}.log")
+    def start(self, name: str, env: dict[str, str] | None = None, options=()) -> Agent:
+        """Start one more agent (a node joining the job); ``env`` and ``options``: for this node only."""
+        command = [*TORCHRUN, *self.options, *map(str, options), *self.script_and_args]
+        agent = Agent(command, self.folder / f"agent-{name}.log")
         agent.start({**self.env, **(env or {})}, cwd=self.script.parent)
         self.agents[name] = agent
         return agent
