@@ -20,6 +20,7 @@ import ctypes
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,6 +71,7 @@ class Agent:
     process: subprocess.Popen | None = None
     started: float = 0.0
     ended: float | None = None
+    kept_text: str | None = None  # the log, read before its folder is removed
 
     def start(self, env: dict[str, str], cwd: Path) -> None:
         self.log = open(self.log_path, "wb")
@@ -85,9 +87,21 @@ class Agent:
         return code
 
     def text(self) -> str:
+        if self.kept_text is not None:
+            return self.kept_text
         with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")
         return ""
+
+    def keep_text(self) -> None:
+        self.kept_text = self.text()
+
+
+def _clean_up(agents: list[Agent], folder: Path) -> None:
+    """Once every agent and worker has stopped: keep the agents' logs in memory, remove the run's folder."""
+    for agent in agents:
+        agent.keep_text()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass
@@ -235,6 +249,7 @@ def run_agents(script: str | Path, agent_options: list[list[str]], *, script_arg
     finally:
         _stop(agents, folder)  # also on an exception or KeyboardInterrupt
         results, outputs = _collect(folder, 0)
+        _clean_up(agents, folder)  # everything needed has been read
         if show_output:
             print_outputs(outputs)
     run = TorchrunRun(results, outputs, [a.text() for a in agents], [a.process.returncode for a in agents],
@@ -272,6 +287,7 @@ class Nodes:
 
     def __exit__(self, *exc) -> None:
         _stop(list(self.agents.values()), self.folder)
+        _clean_up(list(self.agents.values()), self.folder)  # read results inside the block
 
     def start(self, name: str, env: dict[str, str] | None = None, options=()) -> Agent:
         """Start one more agent (a node joining the job); ``env`` and ``options``: for this node only."""
@@ -309,9 +325,12 @@ def run_torchrun(fn, nproc_per_node: int = 2, args=(), *, options=("--standalone
                  env: dict[str, str] | None = None, show_output: bool = True, script: str | Path | None = None):
     """Write ``fn`` to a script and run it under ``torchrun --standalone``; return the ranks' results."""
     folder = Path(tempfile.mkdtemp(prefix="torchrun-script-"))
-    path = write_torchrun_script(fn, script or folder / f"{fn.__name__}.py", args=args)
-    run = run_agents(path, [[*options, f"--nproc-per-node={nproc_per_node}"]], timeout=timeout, env=env,
-                     show_output=show_output)
+    try:
+        path = write_torchrun_script(fn, script or folder / f"{fn.__name__}.py", args=args)
+        run = run_agents(path, [[*options, f"--nproc-per-node={nproc_per_node}"]], timeout=timeout, env=env,
+                         show_output=show_output)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return run.results
 
 
