@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import tempfile
 import time
 
 import psutil
@@ -94,15 +96,19 @@ def test_tensor_arguments_go_into_a_side_file(tmp_path):
     torch.testing.assert_close(got[0], torch.arange(3.0) * 3)
 
 
-def test_a_failing_rank_stops_everything():
+def test_a_failing_rank_stops_everything(tmp_path, monkeypatch):
     def fails_on_rank_one():
         if dist.get_rank() == 1:
             raise ValueError("rank one is broken")
         dist.barrier()
 
-    with pytest.raises(TorchrunError, match="agent 0"):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the run's own folders go here
+    with pytest.raises(TorchrunError, match="agent 0") as failure:
         run_torchrun(fails_on_rank_one, 2, timeout=120, show_output=False)
     assert not _descendants_of_this_process()
+    # the report still quotes the agent's log, read before the run's folder was removed
+    assert re.search(r"\n\s+rank\s+: 1 \(local_rank: 1\)", str(failure.value)), str(failure.value)
+    assert not list(tmp_path.iterdir()), "the run left its folders behind"
 
 
 def test_a_timeout_stops_every_agent_and_worker():
