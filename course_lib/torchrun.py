@@ -93,14 +93,11 @@ class Agent:
             return self.log_path.read_text(errors="replace")
         return ""
 
-    def keep_text(self) -> None:
-        self.kept_text = self.text()
-
 
 def _clean_up(agents: list[Agent], folder: Path) -> None:
     """Once every agent and worker has stopped: keep the agents' logs in memory, remove the run's folder."""
     for agent in agents:
-        agent.keep_text()
+        agent.kept_text = agent.text()
     shutil.rmtree(folder, ignore_errors=True)
 
 
