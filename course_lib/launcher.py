@@ -108,6 +108,9 @@ _RESULT_STARTED = "started"
 _RESULT_BASELINE = "baseline"  # judged: what the worker had written before any learner code ran
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # absent on Windows
 _LIVE_REFRESH_S = 0.5
+# A quick run's bars would flash for a fraction of a second (and a busy browser might never
+# draw them): once shown, they stay at least this long, at their final values.
+_BARS_SHOWN_AT_LEAST_S = 1.5
 # What the launch server imports once, so that its children start warm. torch._dynamo
 # is what DDP imports on first use: 2.5 s per worker on 2 cores if every worker pays it.
 _SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "course_lib.launcher"]
@@ -853,6 +856,7 @@ class _LiveView:
     def __init__(self, enabled: bool, world_size: int):
         self.handle = None
         self.bars = None
+        self.bars_since = None
         self.world_size = world_size
         self.last = 0.0
         if not enabled or not _in_notebook_kernel():
@@ -886,12 +890,21 @@ class _LiveView:
             rows = [widgets.HBox([bar, label]) for bar, label in zip(self.bars, self.labels)]
             self.box = widgets.VBox(rows)
             self.handle.update(self.box)
+            self.bars_since = time.monotonic()
         for bar, label, state in zip(self.bars, self.labels, progress):
             if state:
                 step, total = state
                 bar.max, bar.value = max(total, 1), min(step, max(total, 1))
                 label.value = f"{step} / {total}"
         return True
+
+    def finish(self, progress_paths):
+        """After a successful launch: the bars at their final values, on screen long enough to see."""
+        if self.handle is None:
+            return
+        progress = [_read_progress(path) for path in progress_paths]
+        if any(progress) and self._show_bars(progress):
+            time.sleep(max(0.0, self.bars_since + _BARS_SHOWN_AT_LEAST_S - time.monotonic()))
 
     def close(self):
         if self.handle is not None:
@@ -1114,6 +1127,7 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         for conn in release_conns:
             with contextlib.suppress(OSError):
                 conn.send_bytes(b"done")
+        live_view.finish(paths["progress"])
         return results, waiter.measurements
     finally:
         _stop_workers(procs, grace_s=5.0 if succeeded else 0.0)

@@ -7,6 +7,8 @@ import psutil
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
+from course_lib import launcher
+
 CELL_FUNCTION = """\
 import os, torch, torch.distributed as dist
 from course_lib import launch
@@ -162,43 +164,60 @@ import time
 import torch.distributed as dist
 from course_lib import launch, report_progress
 
-def train(steps):
+def train(steps, seconds_per_step):
     for step in range(1, steps + 1):
-        time.sleep(0.4)
+        time.sleep(seconds_per_step)
         report_progress(step, steps)
     return dist.get_rank()
 
-launch(train, 2, args=(6,), timeout=60)
+launch(train, 2, args=({steps}, {seconds_per_step}), timeout=60)
 """
 
 
-def test_report_progress_shows_per_rank_progress_bars_while_running_and_nothing_after():
+def _progress_display(steps, seconds_per_step):
+    """What the kernel sends while PROGRESS_RUN runs, and how long the bars stay shown."""
     manager, client = start_new_kernel(kernel_name="python3")
     try:
-        msg_id = client.execute(PROGRESS_RUN)
-        widget_updates, bars, last_update, streams = 0, {}, None, []
+        msg_id = client.execute(PROGRESS_RUN.format(steps=steps, seconds_per_step=seconds_per_step))
+        seen = {"widget_updates": 0, "bars": {}, "last_update": None, "streams": [], "shown_at": None}
         while True:
             message = client.get_iopub_msg(timeout=60)
             if message["parent_header"].get("msg_id") != msg_id:
                 continue
-            kind, content = message["msg_type"], message["content"]
+            kind, content, at = message["msg_type"], message["content"], message["header"]["date"]
             if kind == "update_display_data":
-                last_update = content["data"]
-                widget_updates += "application/vnd.jupyter.widget-view+json" in content["data"]
+                seen["last_update"] = content["data"]
+                if "application/vnd.jupyter.widget-view+json" in content["data"]:
+                    seen["widget_updates"] += 1
+                    seen["shown_at"] = seen["shown_at"] or at
+                elif seen["shown_at"]:
+                    seen["shown_s"] = (at - seen["shown_at"]).total_seconds()
             elif kind == "comm_msg":
                 state = content["data"].get("state", {})
                 if "description" in state:
-                    bars[content["comm_id"]] = state["description"]
+                    seen["bars"][content["comm_id"]] = state["description"]
             elif kind == "comm_open" and content["data"].get("state", {}).get("_model_name") == "IntProgressModel":
-                bars[content["comm_id"]] = content["data"]["state"].get("description")
+                seen["bars"][content["comm_id"]] = content["data"]["state"].get("description")
             elif kind == "stream":
-                streams.append(content["text"])
+                seen["streams"].append(content["text"])
             elif kind == "status" and content["execution_state"] == "idle":
-                break
-        assert widget_updates >= 1, "the progress bars were never displayed"
-        assert sorted(bars.values()) == ["rank 0", "rank 1"], bars
-        assert last_update == {"text/plain": ""}  # emptied: the stored output is the transcript only
-        assert "".join(streams) == ""
+                return seen
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_report_progress_shows_per_rank_progress_bars_while_running_and_nothing_after():
+    seen = _progress_display(steps=6, seconds_per_step=0.4)
+    assert seen["widget_updates"] >= 1, "the progress bars were never displayed"
+    assert sorted(seen["bars"].values()) == ["rank 0", "rank 1"], seen["bars"]
+    assert seen["last_update"] == {"text/plain": ""}  # emptied: the stored output is the transcript only
+    assert "".join(seen["streams"]) == ""
+
+
+def test_a_quick_runs_bars_still_show_long_enough_to_see():
+    # One step and no work: the launch ends before the live view's next refresh would draw the bars.
+    seen = _progress_display(steps=1, seconds_per_step=0.0)
+    assert sorted(seen["bars"].values()) == ["rank 0", "rank 1"], seen["bars"]
+    assert seen.get("shown_s", 0) >= launcher._BARS_SHOWN_AT_LEAST_S, seen
+    assert seen["last_update"] == {"text/plain": ""}
