@@ -1,14 +1,30 @@
 """course_lib: the small library the course's notebooks share.
 
 Each object says which chapter introduced it; the teaching itself lives in the notebooks.
+
+The names below are imported on first use (``from course_lib import launch`` imports the
+launcher, and with it torch): a process that needs only a light part, such as the grader's
+pytest plugin ``course_lib.grading.verdicts``, does not pay for importing torch.
 """
 
-# The launcher first: in a notebook kernel it starts the launch server before torch is
-# imported here, so the two imports overlap (see course_lib.launcher, "How workers start").
-from .launcher import LaunchError, WorkerError, WorkerTimeout, launch, rank_device, report_progress
-from .grading.checks import CheckFailed, checking, expect, expect_close, expect_equal, run_until_clean
+import importlib
 
-__all__ = [
-    "launch", "LaunchError", "WorkerError", "WorkerTimeout", "rank_device", "report_progress",
-    "CheckFailed", "checking", "expect", "expect_close", "expect_equal", "run_until_clean",
-]
+_WHERE = {
+    **dict.fromkeys(["launch", "LaunchError", "WorkerError", "WorkerTimeout", "rank_device", "report_progress"],
+                    ".launcher"),
+    **dict.fromkeys(["CheckFailed", "checking", "expect", "expect_close", "expect_equal", "run_until_clean"],
+                    ".grading.checks"),
+}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import ctypes
 import hashlib
 import io
 import os
@@ -41,6 +40,7 @@ import sys
 import cloudpickle
 
 from .. import launcher
+from .dumpable import make_non_dumpable
 
 __all__ = ["Learner", "AnswerRef", "hidden_seed", "become_judge", "answer_cell", "next_submission", "in_grading"]
 
@@ -52,17 +52,9 @@ _state = {"grading": None, "secret": None, "learner": None, "namespace": None}
 # --------------------------------------------------------------------------
 # The judge's own process
 # --------------------------------------------------------------------------
-def _make_non_dumpable() -> None:
-    """Other processes of this user can no longer read or write this one's memory, environ or fds."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            PR_SET_DUMPABLE = 4
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0)
-
-
 def become_judge() -> None:
     """Called by the grader first thing in the kernel it grades with (see scripts/grade.py)."""
-    _make_non_dumpable()
+    make_non_dumpable()
     path = os.environ.pop(_SEED_FILE_VARIABLE, None)
     os.environ.pop(_GRADING_VARIABLE, None)
     _state["grading"] = True

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import os
 
-from .judge import _make_non_dumpable
+from .dumpable import make_non_dumpable
 
 _stream = None
 
 
 def pytest_configure(config):
     global _stream
-    _make_non_dumpable()
+    make_non_dumpable()
     fd = os.environ.pop("COURSE_VERDICT_FD", None)
     if fd is not None:
         _stream = os.fdopen(int(fd), "w", buffering=1, encoding="utf-8")
