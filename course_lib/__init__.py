@@ -7,7 +7,7 @@ launcher, and with it torch): a process that needs only a light part, such as th
 pytest plugin ``course_lib.grading.verdicts``, does not pay for importing torch.
 """
 
-import importlib
+from ._lazy import lazy_names
 
 _WHERE = {
     **dict.fromkeys(["launch", "LaunchError", "WorkerError", "WorkerTimeout", "rank_device", "report_progress"],
@@ -16,15 +16,4 @@ _WHERE = {
                     ".grading.checks"),
 }
 __all__ = list(_WHERE)
-
-
-def __getattr__(name):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value  # found directly from now on
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

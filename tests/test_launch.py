@@ -507,9 +507,9 @@ def one_learner(start_barrier, results):
     try:
         # threads=1: 32 ranks share the machine; this test is about ports and processes. fork:
         # each learner here is a forked copy of this process, torch already imported, so its
-        # ranks start at once; a launch server per learner would add 16 torch imports (about
-        # 55 CPU-seconds) and test nothing about ports. Kernels with servers of their own side
-        # by side: test_hub.py (three learners) and scripts/classroom_load.py.
+        # ranks start at once; a launch server per learner would add 16 torch imports (82 against
+        # 8 CPU-seconds for the test, measured) and test nothing about ports. Kernels with
+        # servers of their own side by side: test_hub.py (three learners), classroom_load.py.
         results.put(launch(report_environment, 2, timeout=120, threads=1, show_output=False,
                            start_method="fork")[0]["sum"])
     except Exception as exc:  # noqa: BLE001 - report to the test

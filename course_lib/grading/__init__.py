@@ -7,7 +7,7 @@ takes back data only (``Learner``); ``verdicts`` is the pytest plugin through wh
 names below are imported on first use, so that plugin's process never imports torch.
 """
 
-import importlib
+from .._lazy import lazy_names
 
 _WHERE = {
     **dict.fromkeys(["CheckFailed", "checking", "expect", "expect_close", "expect_equal", "run_until_clean"],
@@ -15,15 +15,4 @@ _WHERE = {
     **dict.fromkeys(["Learner", "AnswerRef", "hidden_seed", "in_grading"], ".judge"),
 }
 __all__ = list(_WHERE)
-
-
-def __getattr__(name):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value  # found directly from now on
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
