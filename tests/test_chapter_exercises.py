@@ -56,7 +56,10 @@ def students_of(exercise: Path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def graded_class(request, tmp_path_factory):
     """One grading run for every chapter selected in this session (one grade.py, its jobs kept busy
-    across chapters); student folders are named <chapter>--<student> and hold that one notebook."""
+    across chapters); student folders are named <chapter>--<student> and hold that one notebook.
+    Each chapter's class goes to one judge (--max-batch: the largest class): a second judge for a
+    chapter would only run its kernel start-up and setup cells again (the split itself is tested
+    in test_grading.py)."""
     selected = sorted({item.callspec.params["exercise"] for item in request.session.items
                        if getattr(item, "originalname", "") == "test_grading_rewards_right_answers_and_only_them"})
     root = tmp_path_factory.mktemp("grading")
@@ -68,7 +71,8 @@ def graded_class(request, tmp_path_factory):
             (folder / f"{exercise.stem}--{student}").mkdir(parents=True)
             shutil.copy(source, folder / f"{exercise.stem}--{student}" / exercise.name)
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder),
-                          "--exercises", str(handed_out), "--jobs", "2"],
+                          "--exercises", str(handed_out), "--jobs", "2",
+                          "--max-batch", str(max(len(students_of(exercise)) for exercise in selected))],
                          capture_output=True, text=True, timeout=3000, cwd=REPO)
     print(run.stdout[-20000:])
     assert run.returncode == 0, run.stdout + run.stderr
