@@ -28,6 +28,9 @@ How one notebook is scored:
    previous one's answer cells and every global its checks bound (course_lib.grading.judge.
    next_submission). That saves a kernel start per submission.
 3. Score. A check cell (``grade: true``) earns its ``points`` when it ran without an error.
+   If one of the grader's own cells failed (the recorder, or the reference's cells before its
+   first answer or check: a setup that outlasted the cell timeout on a busy machine, say), no
+   check is scored: the feedback says the grader failed, and grade.py warns on stderr.
 4. Feedback. For each check: passed, or the exception's type and message (a CheckFailed
    explains itself). Tracebacks and cell sources are never shown, and any line of a
    hidden test is removed from the messages.
@@ -578,6 +581,27 @@ def score(result: NotebookResult, run: RunResult, numbers: dict[int, int], refer
     result.earned = sum(check.earned for check in result.checks)
 
 
+def grader_setup_failure(run: RunResult, numbers: dict[int, int], reference: Reference, options) -> str | None:
+    """Why the grader's own cells failed, or None: the recorder and the reference's cells before its
+    first answer or check cell, which hold no student's code (a setup that timed out on a busy
+    machine, say). Then no check says anything about the student's answers."""
+    first_student_cell = min([*reference.answer_ids.values(), *(check.cell_index for check in reference.checks)])
+    own = [0] + sorted(number for index, number in numbers.items() if index < first_student_cell)
+    for number in own:
+        outcome = run.outcomes.get(number, CellOutcome("missing"))
+        if outcome.status == "passed" and number not in run.replaced:
+            continue
+        if number in run.replaced or "Timeout of" in outcome.message:
+            why = f"did not finish within the cell timeout ({options.cell_timeout:g} s)"
+        elif run.records.get(number, {}).get("ename"):
+            record = run.records[number]
+            why = f"raised {record['ename']}: {record.get('evalue') or ''}".rstrip(": ")
+        else:
+            why = run.problem or "did not run"
+        return f"the grader's own setup (code cell {number}, none of the student's code) {why}"
+    return None
+
+
 def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: Reference, options) -> list[NotebookResult]:
     """Grade submissions of one exercise in turn, with one judge (one nbval run)."""
     started = time.monotonic()
@@ -590,8 +614,16 @@ def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: R
         finally:
             if not options.keep_work:
                 shutil.rmtree(workdir, ignore_errors=True)
+        failure = grader_setup_failure(run, places[0], reference, options)
+        if failure:  # the grader's fault, not the students': say so, and blame no answer for it
+            print(f"warning: {reference.name}: {failure}; {len(batch)} submission(s) not graded "
+                  "(grade them again; on a busy machine, with a larger --cell-timeout)", file=sys.stderr, flush=True)
         for (result, _), numbers, note in zip(batch, places, notes):
             result.notes = note
+            if failure:
+                result.problem = f"not graded: {failure}; ask your instructor to grade it again"
+                result.checks, result.earned = [], 0.0
+                continue
             score(result, run, numbers, reference, options)
     except Exception as exc:  # noqa: BLE001 - one submission must never stop the class's grading
         for result, _ in batch:

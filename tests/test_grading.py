@@ -349,6 +349,29 @@ def test_a_class_is_split_into_judge_runs_that_keep_every_job_busy():
     assert all(len(batch) == 1 for _, batch in grade.plan_batches(pending, references, jobs=2, max_batch=1))
 
 
+def test_a_setup_that_fails_blames_the_grader_not_the_student(tmp_path):
+    # On a busy machine the reference's setup cell (the course's code, none of the student's) can
+    # outlast a short --cell-timeout: every check then fails with a NameError that says nothing
+    # about the answers. The feedback must say the grader failed, and grade.py must warn.
+    solution = read_notebook(FIXTURES / BASICS)
+    setup = cell_with_id(solution, "setup")
+    setup.source = "import time\ntime.sleep(60)  # a setup slower than the cell timeout\n" + setup.source
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(solution, tmp_path / "solutions" / BASICS)
+    (tmp_path / "exercises").mkdir()
+    nbformat.write(exercise(BASICS), tmp_path / "exercises" / BASICS)
+    write(tmp_path / "class", "alice", BASICS, answered(BASICS, CORRECT))
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(tmp_path / "class"),
+                           "--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises"),
+                           "--cell-timeout", "4", "--jobs", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = (tmp_path / "class" / "alice" / "feedback.txt").read_text()
+    assert "not graded: the grader's own setup (code cell" in text, text
+    assert "none of the student's code) did not finish within the cell timeout (4 s)" in text, text
+    assert "NameError" not in text and "FAILED" not in text, text
+    assert f"warning: {BASICS}: the grader's own setup" in proc.stderr, proc.stderr
+
+
 def test_a_solution_whose_checks_would_run_answers_in_the_judge_is_refused(tmp_path):
     solution = read_notebook(FIXTURES / BASICS)
     for cell in solution.cells:
