@@ -432,12 +432,16 @@ def _import_time_variables() -> dict[str, str | None]:
 
 def _server_context():
     """The forkserver context, with a server whose torch saw this kernel's import-time variables."""
-    global _server_variables, _server_owner
+    global _server_variables, _server_owner, _server_sandbox
     from multiprocessing import forkserver
 
     ctx = mp.get_context("forkserver")
     with _server_lock:
         server = forkserver._forkserver
+        if _server_sandbox is not None:  # a grading sandbox's server: never for a plain launch
+            _server_sandbox.end()
+            _forget_server(server)
+            _server_sandbox = None
         if _server_owner is not None and _server_owner != os.getpid():
             # A process forked from one that ran launches (e.g. a learner's forked helper):
             # the server belongs to the parent; start our own.
@@ -451,6 +455,67 @@ def _server_context():
         _server_variables = wanted
         forkserver.ensure_running()
     return ctx
+
+
+_server_sandbox = None  # the grading sandbox the running server lives in (None: the plain server)
+
+
+def _forget_server(server) -> None:
+    """Drop a server that is gone (its sandbox was ended), so that the next launch starts a new one."""
+    with contextlib.suppress(OSError, TypeError):
+        os.close(server._forkserver_alive_fd)
+    address = server._forkserver_address
+    if isinstance(address, str) and not address.startswith("\0"):
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+
+
+def _sandboxed_server_context(sandbox):
+    """The forkserver context, with the server (and so every rank) inside ``sandbox`` (grading)."""
+    global _server_variables, _server_sandbox
+    from multiprocessing import forkserver, spawn
+
+    ctx = mp.get_context("forkserver")
+    with _server_lock:
+        server = forkserver._forkserver
+        if _server_sandbox is not sandbox and server._forkserver_pid is not None:
+            if _server_sandbox is None:
+                with contextlib.suppress(Exception):
+                    server._stop()  # the kernel's plain server: the learner side never uses it
+            else:
+                _server_sandbox.end()
+            _forget_server(server)
+        if _server_sandbox is sandbox and sandbox.pid is not None and server._forkserver_pid is not None:
+            pid, _ = os.waitpid(server._forkserver_pid, os.WNOHANG)
+            if pid:  # the sandbox ended (its memory limit, say): no launch can run in it again
+                server._forkserver_pid = None
+                _forget_server(server)
+                raise LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
+        _server_sandbox = sandbox
+        _server_variables = None
+        ctx.set_forkserver_preload(_SERVER_PRELOAD)
+        plain = spawn.get_executable()
+        spawn.set_executable(sandbox.executable())
+        try:
+            forkserver.ensure_running()
+        finally:
+            spawn.set_executable(plain)
+        if sandbox.pid is None:
+            sandbox.started(server._forkserver_pid)
+    return ctx
+
+
+def end_sandboxed_server(sandbox) -> None:
+    """End ``sandbox`` and everything in it; the next launch starts whatever it needs afresh."""
+    global _server_sandbox
+    from multiprocessing import forkserver
+
+    with _server_lock:
+        sandbox.close()
+        if _server_sandbox is sandbox:
+            _forget_server(forkserver._forkserver)
+            _server_sandbox = None
 
 
 def warm_up() -> None:
@@ -513,11 +578,12 @@ class _WorkerSpec:
     progress_path: str
     threads: int
     pg_timeout_s: float
-    kernel_pid: int
+    kernel_pid: int | None  # None: the kernel is out of sight (a grading sandbox's own pid namespace)
     environment: dict  # the notebook's os.environ at launch time
     cwd: str
     sys_path: list
     judged: "_Judged | None" = None  # a grading launch: learner code in, data out (course_lib.grading)
+    output_fds: tuple | None = None  # judged: (stdout, stderr, stacks) pipes the judge drains and counts
 
 
 @dataclass
@@ -528,12 +594,26 @@ class _Judged:
     cells, as source text) in a fresh ``__main__``, and sends back its result as *data*
     (``torch.save`` bytes the parent loads with ``weights_only=True``): no object the
     learner's code made is ever unpickled by the judge. ``run_as`` (uid, gid, home): a
-    grader running as root starts the learner's code as an unprivileged user.
+    grader running as root starts the learner's code as an unprivileged user (without a
+    sandbox). ``sandbox`` (course_lib.grading.sandbox.Sandbox): the launch server and every
+    rank start inside it, and the judge measures them from outside.
     """
 
     prelude: list  # [(label, source), ...]
     run_as: tuple | None = None
-    payload: bytes | None = None  # (fn, args, kwargs) as the judge pickled them (answers by name)
+    payloads: list | None = None  # per rank: (fn, args, kwargs) as the judge pickled them (answers by name)
+    sandbox: object | None = None
+    environment: dict | None = None  # what the ranks see of os.environ (None: the kernel's)
+    cwd: str | None = None
+    max_result_bytes: int = 256 << 20
+
+    def __getstate__(self):
+        # What a rank receives: the cells to run. Never the other ranks' payloads (each rank's
+        # own travels in its spec), the sandbox, or the environment (sent as the spec's).
+        return {"prelude": self.prelude, "run_as": self.run_as}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
 
 
 def _alive(pid: int) -> bool:
@@ -546,7 +626,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _die_with_parent(kernel_pid: int) -> None:
+def _die_with_parent(kernel_pid: int | None) -> None:
     """Make sure this worker never outlives the notebook kernel that launched it.
 
     The direct parent is the kernel (spawn, fork) or the launch server, which itself
@@ -560,19 +640,42 @@ def _die_with_parent(kernel_pid: int) -> None:
 
     def watch():  # portable fallback (macOS), and the kernel itself when the server is our parent
         while True:
-            if os.getppid() != parent or not _alive(kernel_pid):
+            if os.getppid() != parent or (kernel_pid is not None and not _alive(kernel_pid)):
                 os._exit(1)
             time.sleep(0.5)
 
-    if not _alive(kernel_pid):
+    if kernel_pid is not None and not _alive(kernel_pid):
         os._exit(1)
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _redirect_stdio(out_path: str, err_path: str) -> None:
-    """Send this process's stdout/stderr (Python and C level) into per-rank files."""
-    for fd, path in ((1, out_path), (2, err_path)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+class _InheritedFd:
+    """A file descriptor of the parent's that a worker receives (as its own copy) when it starts."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):  # forkserver and spawn: the descriptor travels beside the pickle
+        from multiprocessing import reduction
+
+        return _fd_in_worker, (reduction.DupFd(self.fd),)
+
+
+def _fd_in_worker(duplicate) -> int:
+    return duplicate.detach()
+
+
+def _fd_of(inherited) -> int:
+    return inherited.fd if isinstance(inherited, _InheritedFd) else inherited
+
+
+def _redirect_stdio(out_path: str, err_path: str, fds: tuple | None = None) -> None:
+    """Send this process's stdout/stderr (Python and C level) into per-rank files, or given pipes."""
+    for index, (fd, path) in enumerate(((1, out_path), (2, err_path))):
+        if fds is not None:
+            target = _fd_of(fds[index])
+        else:
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(target, fd)
         os.close(target)
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(
@@ -664,12 +767,15 @@ PRELUDE_ERRORS: list = []  # in a judged worker: (cell label, exception type, me
 
 
 def _bytes_written_so_far(spec) -> int | None:
-    """This process's written bytes (Linux) minus its output files': sockets and pipes so far."""
+    """This process's written bytes (Linux) minus its output files': sockets and pipes so far.
+
+    With output pipes (a judged launch) the judge subtracts what it drained from them itself."""
     try:
         with open("/proc/self/io") as f:
             counts = dict(line.split(": ") for line in f.read().splitlines() if ": " in line)
-        files = sum(os.path.getsize(path) for path in (spec.out_path, spec.err_path, spec.progress_path)
-                    if os.path.exists(path))
+        files = 0 if spec.output_fds is not None else sum(
+            os.path.getsize(path) for path in (spec.out_path, spec.err_path, spec.progress_path)
+            if os.path.exists(path))
         return int(counts["wchar"]) - files
     except (OSError, ValueError, KeyError):
         return None
@@ -687,9 +793,12 @@ def _data_payload(result) -> bytes:
 def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
     """Entry point of every worker process (forkserver, spawn or fork)."""
     os.setpgrp()  # own process group: Ctrl-C in a terminal reaches only the parent, which stops us
-    _redirect_stdio(spec.out_path, spec.err_path)
+    _redirect_stdio(spec.out_path, spec.err_path, spec.output_fds)
     if _STACK_SIGNAL is not None:
-        stack_file = open(spec.stack_path, "w")
+        if spec.output_fds is not None:
+            stack_file = os.fdopen(_fd_of(spec.output_fds[2]), "w")
+        else:
+            stack_file = open(spec.stack_path, "w")
         faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
     _adopt_notebook_state(spec)
     _set_torchrun_environment(spec)
@@ -1070,9 +1179,15 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         backend = choose_backend(world_size)
     if not init_process_group:
         backend = None
-    payload = judged.payload if judged is not None and judged.payload else _serialise_call(fn, args, kwargs)
-
-    ctx = _server_context() if method == "forkserver" else mp.get_context(method)
+    if judged is not None and judged.payloads:
+        payloads = judged.payloads
+    else:
+        payloads = [_serialise_call(fn, args, kwargs)] * world_size
+    sandbox = judged.sandbox if judged is not None else None
+    if sandbox is not None:
+        ctx = _sandboxed_server_context(sandbox)
+    else:
+        ctx = _server_context() if method == "forkserver" else mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="course_launch_")
     if judged is not None and judged.run_as is not None:
         home = os.path.join(workdir, "home")  # the unprivileged learner's HOME and TMPDIR
@@ -1084,18 +1199,25 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
     port_holder = _reserve_port()  # 30 learners launching at once on one server never collide
     procs, result_conns, release_conns = [], [], []
     live_view = _LiveView(live and show_output, world_size)
-    environment = dict(os.environ)
+    environment = dict(os.environ) if judged is None or judged.environment is None else dict(judged.environment)
+    drains: list[_Drain] = []
+    loopback_before = sandbox.loopback_bytes() if sandbox is not None else None
     succeeded = False
     try:
         for rank in range(world_size):
             result_recv, result_send = ctx.Pipe(duplex=False)
             release_recv, release_send = ctx.Pipe(duplex=False)
+            output_fds = None
+            if judged is not None:  # what a rank prints reaches the judge through pipes it drains and counts
+                rank_drains = [_Drain(paths[kind][rank]) for kind in ("out", "err", "stack")]
+                drains += rank_drains
+                output_fds = tuple(_InheritedFd(drain.write_fd) for drain in rank_drains)
             spec = _WorkerSpec(
                 rank=rank,
                 world_size=world_size,
                 master_port=port_holder.getsockname()[1],
                 backend=backend,
-                payload=payload,
+                payload=payloads[rank],
                 out_path=paths["out"][rank],
                 err_path=paths["err"][rank],
                 stack_path=paths["stack"][rank],
@@ -1103,11 +1225,12 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
                 threads=threads,
                 # longer than ours: a hang surfaces here, with stacks, not as a gloo timeout
                 pg_timeout_s=_MAX_STRETCH * (startup_timeout + timeout) + 60,
-                kernel_pid=os.getpid(),
+                kernel_pid=None if sandbox is not None else os.getpid(),
                 environment=environment,
-                cwd=os.getcwd(),
+                cwd=judged.cwd if judged is not None and judged.cwd else os.getcwd(),
                 sys_path=list(sys.path),
                 judged=judged,
+                output_fds=output_fds,
             )
             proc = ctx.Process(target=_worker_main, args=(spec, result_send, release_recv), daemon=False)
             with warnings.catch_warnings(), _without_main_module_import():
@@ -1115,13 +1238,19 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
                 # stdio at once and only runs our worker code, which is the safe pattern.
                 warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
                 proc.start()
+            if sandbox is not None:  # the server reports the rank's pid inside the sandbox
+                proc._popen.pid = sandbox.outside_pid(proc._popen.pid)
             result_send.close()
             release_recv.close()
+            if output_fds is not None:
+                for drain in drains[-3:]:
+                    drain.started()
             procs.append(proc)
             result_conns.append(result_recv)
             release_conns.append(release_send)
 
-        waiter = _Waiter(procs, result_conns, paths, live_view, judged=judged is not None)
+        waiter = _Waiter(procs, result_conns, paths, live_view, judged=judged, drains=drains,
+                         loopback_before=loopback_before)
         results = waiter.wait(timeout, startup_timeout)
         succeeded = True
         for conn in release_conns:
@@ -1131,6 +1260,8 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         return results, waiter.measurements
     finally:
         _stop_workers(procs, grace_s=5.0 if succeeded else 0.0)
+        for drain in drains:
+            drain.close()
         live_view.close()
         for conn in result_conns + release_conns:
             conn.close()
@@ -1160,7 +1291,84 @@ def _load_data(payload: bytes, rank: int, world_size: int):
                                "and lists/tuples/dicts of them)", "", world_size) from None
 
 
+class _Drain:
+    """One pipe from a judged rank (its stdout, stderr or stack dumps), read by the judge.
+
+    Counts every byte that came through (so the rank's writes to it are not taken for bytes
+    sent to its peers) and keeps the first ``keep`` bytes in the file at ``path`` for the
+    report. The rank cannot change either: only the judge holds the read end.
+    """
+
+    def __init__(self, path: str, keep: int = 1 << 20):
+        self.read_fd, self.write_fd = os.pipe()
+        self.path, self.keep, self.count = path, keep, 0
+        self.lock = threading.Lock()
+        self.file = open(path, "wb")
+        self.thread = threading.Thread(target=self._run, name="rank-output", daemon=True)
+
+    def started(self) -> None:
+        """The rank has its copy of the write end: close ours, so the end of the rank ends the pipe."""
+        os.close(self.write_fd)
+        self.write_fd = None
+        self.thread.start()
+
+    def _read(self, blocking: bool) -> bool:
+        import select
+
+        if not blocking and not select.select([self.read_fd], [], [], 0)[0]:
+            return False
+        try:
+            chunk = os.read(self.read_fd, 1 << 16)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        self.count += len(chunk)
+        room = self.keep - self.file.tell()
+        if room > 0:
+            self.file.write(chunk[:room])
+            self.file.flush()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if self.read_fd is None:
+                    return
+            import select
+
+            ready = select.select([self.read_fd], [], [], 0.2)[0]
+            with self.lock:
+                if self.read_fd is None:
+                    return
+                if ready and not self._read(blocking=True):
+                    return
+
+    def drained(self) -> int:
+        """Every byte the rank has written to this pipe so far (what is waiting is read first)."""
+        with self.lock:
+            while self.read_fd is not None and self._read(blocking=False):
+                pass
+            return self.count
+
+    def close(self) -> None:
+        with self.lock:
+            for fd in (self.read_fd, self.write_fd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self.read_fd = self.write_fd = None
+            self.file.close()
+
+
+class MeasurementRefused(LaunchError):
+    """A judged launch whose measurements show bytes that did not go where the rules count them."""
+
+
 _MEMORY_SAMPLE_SECONDS = 0.01
+# Loopback counts whole frames: each packet adds 14 (link) + 20 (IPv4) + 20-60 (TCP) bytes of headers.
+_FRAME_HEADER_BYTES = (14 + 20 + 8, 14 + 20 + 60)  # the least (UDP) and the most (TCP, all options)
+_BYTES_SLACK = 64 << 10
 # After a rank reports a lost connection, how long to watch the other ranks for the cause.
 _FAILURE_GRACE_S = 1.0
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -1187,9 +1395,17 @@ def _resident_bytes(pid) -> int:
 class _Waiter:
     """Collects each rank's messages until all have returned, one fails, or time runs out."""
 
-    def __init__(self, procs, result_conns, paths, live_view, judged=False):
+    def __init__(self, procs, result_conns, paths, live_view, judged=None, drains=(), loopback_before=None):
         self.procs, self.conns, self.paths, self.live_view = procs, result_conns, paths, live_view
-        self.judged = judged
+        self.judged = judged is not None
+        self.sandbox = judged.sandbox if judged is not None else None
+        self.max_result_bytes = judged.max_result_bytes if judged is not None else None
+        self.drains = [list(drains[3 * r:3 * r + 3]) for r in range(len(procs))] if drains else None
+        self.drained_at_baseline = {}
+        self.payload_bytes = {}
+        self.loopback_before = loopback_before
+        self.helper_peak = 0  # sandbox: the most memory that processes other than the ranks held at once
+        self._helpers_sampled = 0.0
         self.measurements = [None] * len(procs)
         self.sampled_rss = [0] * len(procs)  # judged: the most resident memory seen from outside
         self.baselines = {}  # judged: rank -> bytes written before the learner's code ran
@@ -1221,6 +1437,9 @@ class _Waiter:
         while self.pending:
             if self.judged:
                 self._sample_memory()
+                if self.sandbox is not None and self.sandbox.ended_because:
+                    raise WorkerError(min(self.pending), "SandboxLimit", f"the submission's sandbox was ended: "
+                                      f"{self.sandbox.ended_because}", "", self.world_size)
             try:
                 for ready in wait_for_any(self._watched(), timeout=poll):
                     self._handle(ready)
@@ -1240,6 +1459,8 @@ class _Waiter:
                 raise WorkerTimeout(startup_timeout, stacks, set(self.entered), self.world_size,
                                     phase="startup", waited_s=self.waited)
             self.live_view.update(launched, self.paths["out"], self.paths["progress"])
+        if self.judged:
+            self._measure_all()
         return self.results
 
     def _watched(self) -> list:
@@ -1285,6 +1506,8 @@ class _Waiter:
         kind = message[0]
         if kind == _RESULT_BASELINE:
             self.baselines[rank] = message[1]
+            if self.drains is not None:
+                self.drained_at_baseline[rank] = sum(drain.drained() for drain in self.drains[rank])
         elif kind == _RESULT_STARTED:
             self.entered.add(rank)
         elif kind in (_RESULT_ERROR, _RESULT_UNSENDABLE):
@@ -1293,10 +1516,15 @@ class _Waiter:
             remote_tb = _format_traceback(rank, frames, read_sources=not self.judged) if frames else ""
             raise error_class(rank, str(exc_type), str(text), remote_tb, self.world_size)
         else:
-            payload = self.conns[rank].recv_bytes()
+            try:
+                payload = self.conns[rank].recv_bytes(self.max_result_bytes)
+            except OSError:  # longer than max_result_bytes: the pipe is not read further
+                limit = f"{self.max_result_bytes / 2**20:g} MiB"
+                raise WorkerError(rank, "ResultTooLarge", f"the rank's result is larger than the {limit} a check "
+                                  "accepts", "", self.world_size) from None
             self.entered.add(rank)
             if self.judged:
-                self.measurements[rank] = self.measure(rank, len(payload))
+                self.payload_bytes[rank] = len(payload)
                 self.results[rank] = _load_data(payload, rank, self.world_size)
             else:
                 self.results[rank] = cloudpickle.loads(payload)
@@ -1322,10 +1550,52 @@ class _Waiter:
                               self.world_size) from None
 
     def _sample_memory(self):
-        for rank in self.pending:
+        for rank in range(self.world_size):
             rss = _resident_bytes(self.procs[rank].pid)
             if rss > self.sampled_rss[rank]:
                 self.sampled_rss[rank] = rss
+        now = time.monotonic()
+        if self.sandbox is not None and now - self._helpers_sampled > 0.1:
+            self._helpers_sampled = now
+            ranks = {proc.pid for proc in self.procs}
+            sizes = self.sandbox.resident_bytes()
+            server = self.sandbox.infrastructure_pids()  # bwrap, its init and the launch server
+            helpers = sum(size for pid, size in sizes.items() if pid not in ranks and pid not in server)
+            self.helper_peak = max(self.helper_peak, helpers)
+
+    def _measure_all(self):
+        """Every rank measured at once, as all of them wait to be released (see measure)."""
+        for rank in range(self.world_size):
+            measured = self.measure(rank, self.payload_bytes.get(rank, 0))
+            if measured is None and sys.platform.startswith("linux"):
+                raise WorkerError(rank, "NotMeasured", "the rank's process could not be measured after it returned "
+                                  "(did it exit before it was released?)", "", self.world_size)
+            self.measurements[rank] = measured
+        if self.sandbox is not None and self.loopback_before is not None:
+            self._check_where_bytes_went()
+
+    def _check_where_bytes_went(self):
+        """Bytes the ranks wrote must be the bytes the sandbox's loopback carried, give or take headers.
+
+        More written than carried: some went to a file, /dev/null, a pipe or a local socket, not to a
+        peer. More carried than written: a process other than the ranks sent them (a helper)."""
+        after = self.sandbox.loopback_bytes()
+        if after is None or self.loopback_before is None:
+            raise MeasurementRefused("the sandbox's loopback could not be read, so the bytes sent cannot be checked")
+        frame_bytes, packets = after[0] - self.loopback_before[0], after[1] - self.loopback_before[1]
+        least = frame_bytes - _FRAME_HEADER_BYTES[1] * packets
+        most = frame_bytes - _FRAME_HEADER_BYTES[0] * packets
+        written = sum(m["sent_bytes"] for m in self.measurements)
+        slack = _BYTES_SLACK + 0.03 * max(written, most)
+        if written > most + slack:
+            raise MeasurementRefused(
+                f"the ranks wrote {written} bytes, but at most {max(most, 0)} crossed the network between them: "
+                "the rest went to files, /dev/null, pipes or local sockets, which are not communication between ranks")
+        if written < least - slack:
+            raise MeasurementRefused(
+                f"{least} bytes crossed the network between the ranks, but the ranks' own writes account for only "
+                f"{written}: the rest was sent by another process (a helper the answer started?) or on a socket of the "
+                "answer's own (send/sendto); communication must go through torch.distributed, from the ranks")
 
     def measure(self, rank, payload_bytes):
         """What the kernel counted for this rank, read while it waits to be released.
@@ -1346,12 +1616,16 @@ class _Waiter:
                 status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
         except (OSError, ValueError):
             return None
-        own = payload_bytes + sum(os.path.getsize(path) for kind in ("out", "err", "progress")
-                                  for path in [self.paths[kind][rank]] if os.path.exists(path))
-        own += self.baselines.get(rank) or 0  # written before the learner's code ran
+        if self.drains is not None:  # the pipes the judge drained: everything the rank printed
+            printed = sum(drain.drained() for drain in self.drains[rank]) - self.drained_at_baseline.get(rank, 0)
+        else:
+            printed = sum(os.path.getsize(path) for kind in ("out", "err", "progress")
+                          for path in [self.paths[kind][rank]] if os.path.exists(path))
+        own = payload_bytes + printed + (self.baselines.get(rank) or 0)  # baseline: before the learner's code ran
         self._sample_memory()
         peak = max(int(status.get("VmHWM", "0 kB").split()[0]) * 1024, self.sampled_rss[rank])
-        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak}
+        # In a sandbox a rank's helpers count as its own: memory held by another process is still held.
+        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak + self.helper_peak}
 
     def _died(self, rank) -> WorkerError:
         proc = self.procs[rank]

@@ -34,6 +34,12 @@ How one notebook is scored:
 4. Feedback. For each check: passed, or the exception's type and message (a CheckFailed
    explains itself). Tracebacks and cell sources are never shown, and any line of a
    hidden test is removed from the messages.
+
+Confinement. Every submission's code runs in a sandbox of its own (course_lib.grading.sandbox:
+bubblewrap; its own user, processes, network and files; limits on memory and processes), apart
+from the judge. grade.py refuses to grade when this machine cannot make one, and says what to
+install. ``--no-sandbox`` grades unconfined (a quick check of one's own notebook): every line of
+the table and of grades.csv then says "not sandboxed".
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_exercises import make_exercise, read_notebook, stale_files  # noqa: E402
 
+from course_lib.grading.sandbox import remove_leftovers, sandbox_problem  # noqa: E402
 from course_lib.launcher import available_cpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -461,6 +468,7 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
         seed_file.chmod(0o600)
         env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", COURSE_GRADER_RECORD=str(rundir / "records.jsonl"),
                    COURSE_GRADING="1", COURSE_GRADING_SEED_FILE=str(seed_file),
+                   COURSE_GRADING_SANDBOX="0" if options.no_sandbox else "1", COURSE_GRADING_RUN=options.run_id,
                    COURSE_GRADER_CELL_TIMEOUT=str(options.cell_timeout),
                    OMP_NUM_THREADS=str(max(1, available_cpus() // options.jobs)), PYTHONDONTWRITEBYTECODE="1",
                    # the jobs' ranks share the cores: a waiting OpenMP thread sleeps instead of
@@ -513,6 +521,7 @@ class NotebookResult:
     problem: str | None = None  # why nothing could be graded
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    sandboxed: bool = True
 
 
 def clean_message(text: str, hidden_lines: set[str]) -> str:
@@ -689,14 +698,19 @@ def feedback_text(student: str, results: list[NotebookResult], ignored: list[str
     return "\n".join(lines).rstrip() + "\n"
 
 
+def confinement(table: dict, student: str, names: list[str]) -> str:
+    return "sandboxed" if all(table[student, n].sandboxed for n in names) else "not sandboxed"
+
+
 def print_table(students: list[str], names: list[str], table: dict, maxima: dict) -> None:
     columns = [Path(name).stem for name in names]
-    header = ["student", *columns, "total", "percent"]
+    header = ["student", *columns, "total", "percent", "grading"]
     total_max = sum(maxima.values())
-    rows = [["(max)", *[points(maxima[n]) for n in names], points(total_max), "100.0"]]
+    rows = [["(max)", *[points(maxima[n]) for n in names], points(total_max), "100.0", ""]]
     for student in students:
         earned = [table[student, n].earned for n in names]
-        rows.append([student, *map(points, earned), points(sum(earned)), percent(sum(earned), total_max)])
+        rows.append([student, *map(points, earned), points(sum(earned)), percent(sum(earned), total_max),
+                     confinement(table, student, names)])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
@@ -706,11 +720,11 @@ def write_csv(path: Path, students: list[str], names: list[str], table: dict, ma
     total_max = sum(maxima.values())
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", *[Path(n).stem for n in names], "total", "max", "percent"])
+        writer.writerow(["student", *[Path(n).stem for n in names], "total", "max", "percent", "grading"])
         for student in students:
             earned = [table[student, n].earned for n in names]
             writer.writerow([student, *map(points, earned), points(sum(earned)), points(total_max),
-                             percent(sum(earned), total_max)])
+                             percent(sum(earned), total_max), confinement(table, student, names)])
 
 
 def main(argv: list[str]) -> int:
@@ -729,13 +743,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--csv", type=Path, default=None, help="where to write the table (default SUBMISSIONS/grades.csv)")
     parser.add_argument("--keep-work", type=Path, default=None,
                         help="keep the merged notebooks and pytest logs here (they contain hidden tests)")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run the submissions' code unconfined (only to check your own notebook quickly): every "
+                             "line of the table and of grades.csv then says 'not sandboxed'")
     options = parser.parse_args(argv)
+    options.run_id = secrets.token_hex(4)
     options.jobs = max(1, options.jobs)
     options.max_batch = max(1, options.max_batch)
     options.secret = secrets.token_hex(16)  # this run's hidden cases: known to no submission
 
     if not options.submissions.is_dir():
         parser.error(f"{options.submissions} is not a folder")
+    if not options.no_sandbox:
+        problem = sandbox_problem()
+        if problem:
+            print(f"grade.py: cannot grade: {problem}", file=sys.stderr)
+            return 2
     names = sorted(p.name for p in options.exercises.glob("*.ipynb"))
     if not names:
         parser.error(f"no exercise notebooks in {options.exercises} (run `make exercises`)")
@@ -759,12 +782,14 @@ def main(argv: list[str]) -> int:
     else:
         options.work_root = None
     print(f"grading {len(students)} students x {len(names)} notebooks with {options.jobs} jobs "
-          f"(cell timeout {options.cell_timeout:g} s, up to {options.max_batch} submissions per judge)", flush=True)
+          f"(cell timeout {options.cell_timeout:g} s, up to {options.max_batch} submissions per judge, "
+          f"{'NOT SANDBOXED' if options.no_sandbox else 'each submission in a sandbox'})", flush=True)
     started = time.monotonic()
     table: dict[tuple[str, str], NotebookResult] = {}
     pending: dict[str, list] = {name: [] for name in names}
 
     def report(result: NotebookResult, shared: int = 1) -> None:
+        result.sandboxed = not options.no_sandbox
         status = result.problem or f"{points(result.earned)}/{points(result.max_points)}"
         together = f", one judge for {shared} submissions" if shared > 1 else ""
         print(f"  {result.student}/{result.name}: {status} ({result.seconds:.1f} s{together})", flush=True)
@@ -791,9 +816,11 @@ def main(argv: list[str]) -> int:
         with _running_lock:
             for proc in list(_running):
                 kill_tree(proc, {})
+        remove_leftovers(options.run_id)
         print("interrupted: nothing written", file=sys.stderr)
         return 130
     pool.shutdown()
+    remove_leftovers(options.run_id)  # the sandboxes of judges that were killed
 
     for student in students:
         folder = options.submissions / student

@@ -46,7 +46,13 @@ __all__ = ["Learner", "AnswerRef", "hidden_seed", "become_judge", "answer_cell",
 
 _SEED_FILE_VARIABLE = "COURSE_GRADING_SEED_FILE"
 _GRADING_VARIABLE = "COURSE_GRADING"
-_state = {"grading": None, "secret": None, "learner": None, "namespace": None}
+_SANDBOX_VARIABLE = "COURSE_GRADING_SANDBOX"  # "1": every submission in a sandbox of its own; "0": unconfined
+_state = {"grading": None, "secret": None, "learner": None, "namespace": None, "sandboxed": False}
+# What the learner side sees of the judge's environment: what torch, OpenMP, the launcher and the
+# course read, never the rest (an instructor's tokens, the grader's own variables).
+_PASSED_VARIABLES = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES",
+                     "COURSE_CPUS", "COURSE_START_METHOD")
+_PASSED_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_", "GLOO_", "NCCL_", "ATEN_")
 
 
 # --------------------------------------------------------------------------
@@ -57,6 +63,7 @@ def become_judge() -> None:
     make_non_dumpable()
     path = os.environ.pop(_SEED_FILE_VARIABLE, None)
     os.environ.pop(_GRADING_VARIABLE, None)
+    _state["sandboxed"] = os.environ.pop(_SANDBOX_VARIABLE, "1") != "0"
     _state["grading"] = True
     if path:
         with open(path, encoding="utf-8") as f:
@@ -148,6 +155,11 @@ def _calling_cell_source(depth: int = 2) -> str:
     return "".join(linecache.getlines(frame.f_code.co_filename))
 
 
+def _learner_environment() -> dict:
+    return {name: value for name, value in os.environ.items()
+            if name in _PASSED_VARIABLES or name.startswith(_PASSED_PREFIXES)}
+
+
 def _unprivileged_user():
     """(uid, gid) of 'nobody' when the grader runs as root, else None."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
@@ -215,23 +227,59 @@ class Learner:
         return [("setup cell", self.setup)] + cells
 
     # ----- running the learner's code
-    def launch(self, fn, world_size: int, args=(), kwargs=None, *, timeout: float = 30, measure: bool = False,
-               startup_timeout: float = 60, init_process_group: bool = True, show_output: bool = False):
-        """Run the check's ``fn(*args)`` on ``world_size`` fresh ranks that hold the learner's cells.
+    def launch(self, fn, world_size: int, args=(), kwargs=None, *, rank_args=None, timeout: float = 30,
+               measure: bool = False, startup_timeout: float = 60, init_process_group: bool = True,
+               show_output: bool = False):
+        """Run the check's ``fn(*args, *rank_args[rank])`` on ``world_size`` fresh ranks that hold the
+        learner's cells.
 
+        ``rank_args``: one tuple per rank, sent to that rank only (each rank's own input: no rank
+        ever holds another's data, so it must communicate to learn it).
         Returns the ranks' results (data only), and with measure=True also, per rank,
         ``{"sent_bytes", "peak_rss_bytes"}`` as the operating system counted them (None off Linux).
         """
         if self.inert:
             raise RuntimeError("learner.launch runs in the judge, not on the learner side")
         kwargs = {} if kwargs is None else kwargs
-        judged = launcher._Judged(prelude=self.prelude(), run_as=_unprivileged_user() if self.grading else None)
-        judged.payload = self._payload(fn, args, kwargs)
+        if rank_args is not None and len(rank_args) != world_size:
+            raise ValueError(f"rank_args has {len(rank_args)} entries for {world_size} ranks")
+        judged = launcher._Judged(prelude=self.prelude())
+        if self.grading and _state["sandboxed"]:
+            judged.sandbox = self.sandbox()
+            judged.environment = _learner_environment()
+            judged.cwd = str(judged.sandbox.scratch)
+        elif self.grading:
+            judged.run_as = _unprivileged_user()
+        judged.payloads = [self._payload(fn, tuple(args) + tuple(rank_args[rank] if rank_args else ()), kwargs)
+                           for rank in range(world_size)]
         results, measured = launcher._launch(
             fn, world_size, args, kwargs, timeout=timeout, backend="auto", init_process_group=init_process_group,
             start_method=None, threads=None, show_output=show_output, live=False,
             startup_timeout=startup_timeout, judged=judged)
         return (results, measured) if measure else results
+
+    def sandbox(self):
+        """This submission's sandbox (grading): made at its first launch, ended by next_submission."""
+        from .sandbox import Sandbox
+
+        if getattr(self, "_sandbox", None) is None:
+            self._sandbox = Sandbox()
+        return self._sandbox
+
+    def end_sandbox(self) -> None:
+        box = getattr(self, "_sandbox", None)
+        if box is not None:
+            launcher.end_sandboxed_server(box)
+            self._sandbox = None
+
+    @property
+    def scratch(self) -> str:
+        """A folder the learner side can write in and the judge can read (a check's files go here)."""
+        if self.grading and _state["sandboxed"]:
+            return str(self.sandbox().scratch)
+        import tempfile
+
+        return tempfile.gettempdir()
 
     def call(self, fn, *args, timeout: float = 60, **kwargs):
         """Run the check's ``fn(*args, **kwargs)`` in one fresh learner-side process; return its data."""
@@ -296,6 +344,7 @@ def next_submission() -> None:
         raise RuntimeError("the notebook's setup cell did not create its Learner")
     learner.cells.clear()
     learner.broken.clear()
+    learner.end_sandbox()  # nothing the last submission started survives into the next one's checks
     if learner.shell is None:
         return
     namespace = learner.shell.user_ns

@@ -1,0 +1,353 @@
+"""The sandbox a submission's code runs in while it is graded (Linux, bubblewrap).
+
+Introduced with the graded exercises (chapter 01 on). ``scripts/grade.py`` grades every
+submission with its learner side (the launch server and every rank it forks) inside one
+sandbox of its own, made by bubblewrap (``bwrap``, Debian's ``bubblewrap``: the tool Flatpak
+confines its applications with). Inside:
+
+* its own **user namespace**: the code runs as uid 65534 with no capabilities;
+* its own **pid namespace**: it sees only its own processes, cannot signal the judge, and
+  everything in it (a detached, double-forked daemon too) dies when the sandbox ends, which
+  is when the judge moves on to the next submission or exits (``--die-with-parent``);
+* its own **network namespace**: a loopback of its own where the ranks talk; the judge's
+  kernel, other submissions' ranks and every port of the host are out of reach;
+* its own **mount namespace**: the Python environment and ``course_lib`` read-only, a private
+  ``/tmp`` and a scratch folder, and nothing else: no solutions, no other submission, no
+  grades, no notebook holding hidden tests, no connection file of a kernel;
+* **limits**: processes (a cgroup's ``pids.max`` when the grader is root, else
+  ``RLIMIT_NPROC``, which the kernel does not enforce for root), memory (the cgroup's limit, or a
+  watchdog in the judge that ends the sandbox), CPU seconds and file size per process.
+
+The judge talks to the sandbox only over what it hands in: the launch server's listening
+socket and, per rank, the pipes of its result, its release and its output. It measures from
+outside what the rules count (``SandboxRun``): bytes on the sandbox's own loopback, memory of
+every process in it.
+
+Why bubblewrap: it is small, audited, packaged by every distribution, runs without root (unlike
+nsjail's cgroup and network set-up, or ``unshare`` plus hand-made mounts), and it is what
+Flatpak and many graders' "run as another user in a throwaway root" advice come down to on
+one machine. What it needs: the ``bwrap`` program and unprivileged user namespaces (on by
+default on Debian and Fedora; Ubuntu 24.04 allows bwrap through its AppArmor profile).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_problem", "INSTALL_HINT"]
+
+INSIDE_UID = 65534
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`, Fedora: `sudo dnf install "
+                "bubblewrap`) and make sure unprivileged user namespaces are allowed (`sysctl "
+                "kernel.unprivileged_userns_clone=1` on older Debian kernels); or grade only your own notebook, "
+                "unconfined, with --no-sandbox")
+MEMORY_LIMIT_BYTES = 8 << 30  # a whole submission's processes together (chapter 11: 8 ranks of ~350 MB)
+PROCESS_LIMIT = 256
+FILE_SIZE_LIMIT_BYTES = 1 << 30
+CPU_SECONDS_LIMIT = 3600
+_REPO = Path(__file__).resolve().parents[2]
+_COURSE_LIB = _REPO / "course_lib"
+
+
+def _name_prefix() -> str:
+    """Folders and cgroups are named after the grading run, so grade.py can remove what a killed judge left."""
+    return f"course-grading-{os.environ.get('COURSE_GRADING_RUN', 'local')}-"
+
+
+def remove_leftovers(run: str) -> None:
+    """Remove the sandbox folders and cgroups of one grading run (their judges were killed)."""
+    prefix = f"course-grading-{run}-"
+    roots = [Path(tempfile.gettempdir())]
+    found = _cgroup_roots() if os.geteuid() == 0 else None
+    roots += list((found or {}).values())
+    for root in roots:
+        for folder in root.glob(prefix + "*"):
+            if (folder / "cgroup.procs").exists():
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot make the sandbox; the message says what is missing and how to get it."""
+
+
+def _bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def sandbox_problem() -> str | None:
+    """Why a sandbox cannot be made here (None when it can): tried for real, once."""
+    if not sys.platform.startswith("linux"):
+        return f"the grading sandbox needs Linux (this is {sys.platform}); grade on a Linux machine or with --no-sandbox"
+    if _bwrap() is None:
+        return f"the program `bwrap` was not found: {INSTALL_HINT}"
+    probe = subprocess.run([_bwrap(), "--unshare-all", "--die-with-parent", "--uid", str(INSIDE_UID),
+                            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        return f"bwrap could not make a sandbox ({probe.stderr.strip() or probe.returncode}): {INSTALL_HINT}"
+    if os.geteuid() == 0 and _cgroup_roots() is None:
+        return ("the grader runs as root, and the kernel does not limit the processes of root (RLIMIT_NPROC) "
+                "while no cgroup hierarchy with the pids and memory controllers is writable here: run the grader as "
+                "an ordinary user, or mount cgroups (/sys/fs/cgroup)")
+    return None
+
+
+# --------------------------------------------------------------------------
+# cgroups (root only): the limit on processes and memory for everything in the sandbox
+# --------------------------------------------------------------------------
+def _cgroup_roots() -> dict[str, Path] | None:
+    """Where a root grader can make the sandbox's cgroups: {"v2": root} or {"pids": .., "memory": ..}."""
+    base = Path("/sys/fs/cgroup")
+    controllers = base / "cgroup.controllers"
+    if controllers.exists():
+        names = controllers.read_text().split()
+        if {"pids", "memory"} <= set(names) and os.access(base, os.W_OK):
+            return {"v2": base}
+        return None
+    roots = {name: _own_cgroup_v1(name) for name in ("pids", "memory")}
+    if all(root is not None and os.access(root, os.W_OK) for root in roots.values()):
+        return roots
+    return None
+
+
+def _own_cgroup_v1(controller: str) -> Path | None:
+    """The cgroup (v1) this process is in, for one controller."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, names, path = line.split(":", 2)
+            if controller in names.split(","):
+                mount = Path("/sys/fs/cgroup") / controller
+                return mount / path.lstrip("/") if mount.is_dir() else None
+    return None
+
+
+class _Cgroups:
+    """One sandbox's cgroups: created before it starts, joined by its first process, removed after."""
+
+    def __init__(self, roots: dict[str, Path], memory_bytes: int, processes: int):
+        name = f"{_name_prefix()}{uuid.uuid4().hex[:12]}"
+        self.v2 = "v2" in roots
+        self.dirs = [roots["v2"] / name] if self.v2 else [roots["pids"] / name, roots["memory"] / name]
+        for folder in self.dirs:
+            folder.mkdir()
+        if self.v2:
+            (self.dirs[0] / "pids.max").write_text(str(processes))
+            (self.dirs[0] / "memory.max").write_text(str(memory_bytes))
+            with contextlib.suppress(OSError):
+                (self.dirs[0] / "memory.swap.max").write_text("0")
+        else:
+            (self.dirs[0] / "pids.max").write_text(str(processes))
+            (self.dirs[1] / "memory.limit_in_bytes").write_text(str(memory_bytes))
+
+    def join_command(self) -> str:
+        """Shell lines that move the shell (soon bwrap, by exec) into the cgroups."""
+        return "".join(f"echo $$ > {shlex.quote(str(folder / 'cgroup.procs'))}\n" for folder in self.dirs)
+
+    def oom_killed(self) -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            if self.v2:
+                events = dict(line.split() for line in (self.dirs[0] / "memory.events").read_text().splitlines())
+                return int(events.get("oom_kill", 0)) > 0
+            return int((self.dirs[1] / "memory.failcnt").read_text()) > 0
+        return False
+
+    def remove(self) -> None:
+        for folder in self.dirs:
+            for _ in range(50):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+                if not folder.exists():
+                    break
+                time.sleep(0.1)  # the last processes are still being reaped
+
+
+# --------------------------------------------------------------------------
+# The sandbox
+# --------------------------------------------------------------------------
+def _read_only_paths() -> list[str]:
+    """What the learner side must read: the system's libraries, Python, its packages, course_lib."""
+    repo = str(_REPO)
+    paths = {"/usr", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
+             "/etc/nsswitch.conf", "/etc/hosts", "/etc/localtime", "/etc/alternatives", "/sys",
+             sys.base_prefix, sys.prefix, str(_COURSE_LIB)}
+    for entry in sys.path:  # site-packages and the like; nothing of the course's folder but course_lib
+        if entry and os.path.isabs(entry) and os.path.isdir(entry):
+            inside_repo = entry == repo or entry.startswith(repo + os.sep)
+            if not inside_repo or entry.startswith(sys.prefix + os.sep):
+                paths.add(entry)
+    return sorted(path for path in paths if os.path.exists(path))
+
+
+def _without_nested(paths: list[str]) -> list[str]:
+    kept: list[str] = []
+    for path in sorted(paths):
+        if not any(path.startswith(parent.rstrip(os.sep) + os.sep) for parent in kept):
+            kept.append(path)
+    return kept
+
+
+class Sandbox:
+    """One submission's confinement. ``command(python)`` is what starts its first process.
+
+    ``scratch`` is the one folder both sides see (the same path inside and out): the learner
+    side may write there, and a check may hand it files (e.g. a folder for checkpoints).
+    """
+
+    def __init__(self, memory_bytes: int = MEMORY_LIMIT_BYTES, processes: int = PROCESS_LIMIT):
+        problem = sandbox_problem_cached()
+        if problem:
+            raise SandboxUnavailable(problem)
+        self.memory_bytes, self.processes = memory_bytes, processes
+        self.folder = Path(tempfile.mkdtemp(prefix=_name_prefix()))
+        self.scratch = self.folder / "scratch"
+        self.scratch.mkdir()
+        self.cgroups = _Cgroups(_cgroup_roots(), memory_bytes, processes) if os.geteuid() == 0 else None
+        self.pid: int | None = None  # bwrap's pid, outside
+        self._watchdog: threading.Thread | None = None
+        self.ended_because: str | None = None
+        self.closed = False
+        atexit.register(self.close)
+
+    def bwrap_arguments(self) -> list[str]:
+        args = [_bwrap(), "--unshare-all", "--die-with-parent", "--new-session",
+                "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "learner",
+                "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        for name in ("bin", "lib", "lib64", "sbin"):  # merged /usr: these are links into it
+            path = Path("/") / name
+            if path.is_symlink():
+                args += ["--symlink", os.readlink(path), str(path)]
+            elif path.is_dir():
+                args += ["--ro-bind", str(path), str(path)]
+        for path in _without_nested(_read_only_paths()):
+            args += ["--ro-bind", path, path]
+        for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU grader: the ranks see the GPUs
+            args += ["--dev-bind", str(device), str(device)]
+        args += ["--bind", str(self.scratch), str(self.scratch), "--chdir", str(self.scratch),
+                 "--setenv", "HOME", str(self.scratch), "--setenv", "TMPDIR", "/tmp"]
+        return args
+
+    def executable(self, python: str = sys.executable) -> str:
+        """A program that runs ``python ARGS...`` inside this sandbox (what the launch server starts with)."""
+        limits = [f"--nproc={self.processes}", f"--fsize={FILE_SIZE_LIMIT_BYTES}", f"--cpu={CPU_SECONDS_LIMIT}",
+                  "--core=0"]
+        script = self.folder / "enter"
+        script.write_text("#!/bin/sh\n" + (self.cgroups.join_command() if self.cgroups else "")
+                          + f"exec {shlex.join(['prlimit', *limits, '--', *self.bwrap_arguments(), python])} \"$@\"\n")
+        script.chmod(0o700)
+        return str(script)
+
+    def started(self, pid: int) -> None:
+        """The sandbox's first process (bwrap) has started with this pid: watch its memory from now on."""
+        self.pid = pid
+        self._watchdog = threading.Thread(target=self._watch, name="sandbox-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # ----- what is inside, seen from outside
+    def processes_inside(self) -> list[int]:
+        """Pids (outside) of every process in the sandbox, bwrap's own included."""
+        import psutil
+
+        if self.pid is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(self.pid)
+            return [self.pid] + [child.pid for child in top.children(recursive=True)]
+        return []
+
+    def _inside_pids(self) -> dict[int, int]:
+        """pid outside -> pid inside, for every process in the sandbox but bwrap's own."""
+        pids = {}
+        for pid in self.processes_inside():
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("NSpid:"):
+                        numbers = line.split()[1:]
+                        if len(numbers) > 1:
+                            pids[pid] = int(numbers[-1])
+        return pids
+
+    def infrastructure_pids(self) -> set[int]:
+        """bwrap, its init (pid 1 inside) and the launch server (pid 2 inside): not the learner's."""
+        return {self.pid} | {outside for outside, inside in self._inside_pids().items() if inside <= 2}
+
+    def outside_pid(self, inside_pid: int) -> int:
+        """The pid, outside, of the sandbox's process that has ``inside_pid`` inside."""
+        for outside, inside in self._inside_pids().items():
+            if inside == inside_pid:
+                return outside
+        raise LookupError(f"no process {inside_pid} in the sandbox")
+
+    def loopback_bytes(self) -> tuple[int, int] | None:
+        """(bytes, packets) sent on the sandbox's own loopback so far: the kernel's count, which
+        nothing inside can lower (no capabilities there)."""
+        for pid in self.processes_inside()[1:]:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+                    name, _, counts = line.partition(":")
+                    if name.strip() == "lo":
+                        fields = counts.split()
+                        return int(fields[8]), int(fields[9])
+        return None
+
+    def resident_bytes(self) -> dict[int, int]:
+        """Resident memory of each process in the sandbox now (pid outside -> bytes)."""
+        sizes = {}
+        for pid in self.processes_inside():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                sizes[pid] = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return sizes
+
+    def _watch(self) -> None:
+        """Without a cgroup (an ordinary user), the judge enforces the memory limit itself."""
+        while not self.closed and self.pid is not None:
+            if self.cgroups is None:
+                total = sum(self.resident_bytes().values())
+                if total > self.memory_bytes:
+                    self.end(f"its processes used {total / 2**30:.1f} GiB of memory, more than the "
+                             f"{self.memory_bytes / 2**30:g} GiB a submission may use")
+                    return
+            elif self.cgroups.oom_killed():
+                self.ended_because = (f"its processes needed more than the {self.memory_bytes / 2**30:g} GiB "
+                                      "of memory a submission may use")
+            time.sleep(0.2)
+
+    def end(self, why: str | None = None) -> None:
+        """Kill everything in the sandbox (killing bwrap ends its pid namespace with it)."""
+        if why and not self.ended_because:
+            self.ended_because = why
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(self.pid, 0)
+
+    def close(self) -> None:
+        self.closed = True
+        self.end()
+        if self.cgroups is not None:
+            self.cgroups.remove()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_problem_cache: dict[str, str | None] = {}
+
+
+def sandbox_problem_cached() -> str | None:
+    if "problem" not in _problem_cache:
+        _problem_cache["problem"] = sandbox_problem()
+    return _problem_cache["problem"]

@@ -1,0 +1,213 @@
+"""Hostile learner-side code run in one grading sandbox, as tests/test_sandbox.py asks.
+
+Run as a script: becomes a judge (as grade.py's kernel does), launches each route's code on the
+learner side inside a sandbox, and prints one JSON line per route with what happened. Each
+route is code a submission could put in an answer cell; the judge's replies are the facts.
+"""
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+os.environ["COURSE_GRADING"] = "1"
+os.environ["INSTRUCTOR_API_TOKEN"] = "secret-token-of-the-instructor"
+
+from course_lib import launcher  # noqa: E402
+from course_lib.grading import judge  # noqa: E402
+
+judge.become_judge()
+SETUP = "import os, sys, time, socket, subprocess\nimport torch\nimport torch.distributed as dist"
+learner = judge.Learner(answers=(), setup=SETUP)
+outcomes = {}
+
+
+def outcome(name, fn, *args, **kwargs):
+    try:
+        value = fn(*args, **kwargs)
+        outcomes[name] = {"ok": True, "value": value}
+    except launcher.LaunchError as exc:
+        outcomes[name] = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:600]}
+    print(json.dumps({name: outcomes[name]}, default=str), flush=True)
+
+
+# ---- what a host-side listener (the judge's kernel, another learner) exposes
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+HOST_PORT = listener.getsockname()[1]
+SOLUTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solutions")
+secret_dir = tempfile.mkdtemp(prefix="classmate-")
+with open(os.path.join(secret_dir, "answer.ipynb"), "w") as f:
+    f.write("a classmate's notebook")
+
+
+def looks_around(host_port, solutions, classmate):
+    found = {"uid": os.getuid(), "pids_seen": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+    for name, path in (("solutions", solutions), ("classmate", classmate), ("root", "/root"), ("tmp", "/tmp")):
+        try:
+            found[name] = sorted(os.listdir(path))
+        except OSError as exc:
+            found[name] = f"refused: {exc.strerror}"
+    try:
+        socket.create_connection(("127.0.0.1", host_port), timeout=2).close()
+        found["host_port"] = "connected"
+    except OSError as exc:
+        found["host_port"] = f"refused: {exc.strerror or exc}"
+    found["environment_token"] = os.environ.get("INSTRUCTOR_API_TOKEN")
+    try:
+        os.kill(os.getppid(), 0)
+        found["signal_parent"] = "allowed (inside the sandbox)"
+    except OSError as exc:
+        found["signal_parent"] = exc.strerror
+    return found
+
+
+outcome("looks_around", learner.call, looks_around, HOST_PORT, SOLUTIONS, secret_dir)
+
+
+def leaves_a_daemon(marker):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(120)
+            os._exit(0)
+        os._exit(0)
+    time.sleep(0.3)
+    return sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+
+
+outcome("leaves_a_daemon", learner.call, leaves_a_daemon, None)
+daemons_inside = learner.sandbox().processes_inside()
+
+
+def fork_bomb():
+    children = 0
+    try:
+        for _ in range(5000):
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+            children += 1
+    except OSError as exc:
+        return {"children": children, "stopped_by": exc.strerror}
+    return {"children": children, "stopped_by": None}
+
+
+outcome("fork_bomb", learner.call, fork_bomb, timeout=60)
+learner.end_sandbox()  # the next submission: a new sandbox, nothing of the last one's left
+time.sleep(0.5)
+alive_after = [pid for pid in daemons_inside if os.path.exists(f"/proc/{pid}")]
+outcomes["daemon_gone"] = {"alive_after": alive_after}
+print(json.dumps({"daemon_gone": outcomes["daemon_gone"]}), flush=True)
+
+
+def huge_result():
+    return torch.zeros(300 << 20, dtype=torch.uint8)  # 300 MiB
+
+
+outcome("huge_result", learner.call, huge_result, timeout=60)
+
+
+def sends_to_dev_null_and_shrinks_its_output(n):
+    # The tensor's bytes "sent" without a peer: written to /dev/null, and stdout grown by ftruncate
+    # (which once lowered what the launcher subtracted for the output files).
+    data = torch.zeros(n, dtype=torch.uint8).numpy().tobytes()
+    with open("/dev/null", "wb") as sink:
+        sink.write(data)
+    try:
+        os.ftruncate(1, 1 << 30)
+        truncated = "yes"
+    except OSError as exc:
+        truncated = exc.strerror
+    return truncated
+
+
+outcome("dev_null", learner.launch, sends_to_dev_null_and_shrinks_its_output, 2, args=(1 << 20,), measure=True)
+
+
+def raw_socket_exchange(n):
+    rank = dist.get_rank()
+    payload = bytes(n)
+    if rank == 0:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 29999))
+        server.listen()
+        dist.barrier()
+        conn, _ = server.accept()
+        received = 0
+        while received < n:
+            received += len(conn.recv(1 << 16))
+        return received
+    dist.barrier()
+    client = socket.create_connection(("127.0.0.1", 29999))
+    client.sendall(payload)
+    client.close()
+    return n
+
+
+outcome("raw_socket", learner.launch, raw_socket_exchange, 2, args=(4 << 20,), measure=True)
+
+
+def helper_holds_memory(n):
+    if dist.get_rank() == 0:
+        read_end, write_end = os.pipe()
+        if os.fork() == 0:
+            block = bytearray(n)
+            for i in range(0, n, 4096):
+                block[i] = 1
+            os.write(write_end, b"x")
+            time.sleep(5)
+            os._exit(0)
+        os.read(read_end, 1)
+        time.sleep(0.5)
+    dist.barrier()
+    return dist.get_rank()
+
+
+outcome("helper_memory", learner.launch, helper_holds_memory, 2, args=(400 << 20,), measure=True)
+
+
+def all_reduce_plain(n):
+    t = torch.ones(n)
+    dist.all_reduce(t)
+    print("a line of output that must not count as bytes sent")
+    return float(t[0])
+
+
+outcome("honest_all_reduce", learner.launch, all_reduce_plain, 4, args=(1 << 18,), measure=True)
+
+
+def exits_before_measured():
+    import threading
+
+    if dist.get_rank() == 0:  # gone right after its result, while rank 1 still works
+        threading.Timer(0.05, lambda: os._exit(0)).start()
+    else:
+        time.sleep(1)
+    return 1
+
+
+outcome("exits_early", learner.launch, exits_before_measured, 2, measure=True)
+
+
+def rank_inputs(mine):
+    # Walk up every frame: only this rank's own tensor is anywhere in the process.
+    seen = []
+    frame = sys._getframe()
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, torch.Tensor):
+                seen.append(float(value.sum()))
+        frame = frame.f_back
+    return sorted(set(seen))
+
+
+outcome("frames", learner.launch, rank_inputs, 3, rank_args=[(torch.full((4,), 10.0 ** r),) for r in range(3)])
+learner.end_sandbox()
+print("ALL " + json.dumps(outcomes, default=str), flush=True)

@@ -1,0 +1,83 @@
+"""The grading sandbox (course_lib.grading.sandbox), attacked the way a submission would.
+
+tests/sandbox_routes.py becomes a judge, as grade.py's kernel does, and runs each hostile route
+on the learner side in a sandbox; these tests read what happened. Skipped only where this
+machine cannot make a sandbox (then grade.py refuses to grade, which test_grading.py checks).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading.sandbox import sandbox_problem
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEM = sandbox_problem()
+pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"no sandbox here: {PROBLEM}")
+
+
+@pytest.fixture(scope="module")
+def routes():
+    run = subprocess.run([sys.executable, str(REPO / "tests" / "sandbox_routes.py")], capture_output=True, text=True,
+                         timeout=400, cwd=REPO)
+    last = [line for line in run.stdout.splitlines() if line.startswith("ALL ")]
+    assert run.returncode == 0 and last, run.stdout[-5000:] + run.stderr[-5000:]
+    return json.loads(last[-1][4:])
+
+
+def test_the_learner_side_sees_nothing_of_the_host(routes):
+    seen = routes["looks_around"]["value"]
+    assert seen["uid"] == 65534
+    assert seen["pids_seen"] == [1, 2, max(seen["pids_seen"])]  # bwrap's init, the launch server, itself
+    assert seen["solutions"].startswith("refused") and seen["classmate"].startswith("refused")
+    assert seen["host_port"].startswith("refused")  # the judge kernel's ports: another network
+    assert seen["environment_token"] is None  # the grader's environment stays with the grader
+    assert seen["tmp"] != "refused" and not any(name.startswith("classmate") for name in seen["tmp"])
+
+
+def test_a_detached_daemon_dies_with_the_submissions_sandbox(routes):
+    assert routes["leaves_a_daemon"]["ok"]
+    assert routes["daemon_gone"]["alive_after"] == []
+
+
+def test_a_fork_bomb_is_stopped_by_the_process_limit(routes):
+    bomb = routes["fork_bomb"]["value"]
+    assert bomb["stopped_by"] is not None and bomb["children"] < 300
+
+
+def test_a_huge_result_is_refused_before_the_judge_reads_it(routes):
+    assert routes["huge_result"]["message"].startswith("rank 0 failed with ResultTooLarge")
+
+
+def test_bytes_written_to_dev_null_are_not_bytes_sent(routes):
+    assert routes["dev_null"]["error"] == "MeasurementRefused", routes["dev_null"]
+    assert "/dev/null" in routes["dev_null"]["message"]
+
+
+def test_bytes_sent_on_a_socket_of_the_answers_own_are_refused(routes):
+    assert routes["raw_socket"]["error"] == "MeasurementRefused", routes["raw_socket"]
+
+
+def test_memory_held_by_a_helper_process_counts(routes):
+    results, measured = routes["helper_memory"]["value"]
+    honest = routes["honest_all_reduce"]["value"][1]
+    assert measured[0]["peak_rss_bytes"] > honest[0]["peak_rss_bytes"] + (400 << 20) * 0.9
+
+
+def test_an_honest_all_reduce_is_measured_without_its_output(routes):
+    results, measured = routes["honest_all_reduce"]["value"]
+    assert results == [4.0] * 4
+    ring = 2 * 3 / 4 * (1 << 18) * 4  # bytes each rank sends in gloo's ring all-reduce
+    for m in measured:
+        assert abs(m["sent_bytes"] - ring) < 8192 + 0.05 * ring, measured
+
+
+def test_a_rank_that_exits_before_it_is_measured_fails(routes):
+    assert "NotMeasured" in routes["exits_early"]["message"]
+
+
+def test_each_rank_holds_only_its_own_input(routes):
+    assert routes["frames"]["value"] == [[4.0], [40.0], [400.0]]
