@@ -942,6 +942,20 @@ def _without_main_module_import():
         spawn.get_preparation_data = original
 
 
+@contextlib.contextmanager
+def _started_in(sandbox):
+    """A worker starts in its parent's working directory: in a sandbox, one that exists there."""
+    if sandbox is None:
+        yield
+        return
+    here = os.getcwd()
+    os.chdir(sandbox.scratch)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
 def _serialise_call(fn, args, kwargs) -> bytes:
     """Pickle fn and its arguments by value, as a worker in another process needs them."""
     try:
@@ -1233,7 +1247,7 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
                 output_fds=output_fds,
             )
             proc = ctx.Process(target=_worker_main, args=(spec, result_send, release_recv), daemon=False)
-            with warnings.catch_warnings(), _without_main_module_import():
+            with warnings.catch_warnings(), _without_main_module_import(), _started_in(sandbox):
                 # Python 3.12+ warns on fork in a threaded process; the child replaces its
                 # stdio at once and only runs our worker code, which is the safe pattern.
                 warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
