@@ -432,16 +432,12 @@ def _import_time_variables() -> dict[str, str | None]:
 
 def _server_context():
     """The forkserver context, with a server whose torch saw this kernel's import-time variables."""
-    global _server_variables, _server_owner, _server_sandbox
+    global _server_variables, _server_owner
     from multiprocessing import forkserver
 
     ctx = mp.get_context("forkserver")
     with _server_lock:
         server = forkserver._forkserver
-        if _server_sandbox is not None:  # a grading sandbox's server: never for a plain launch
-            _server_sandbox.end()
-            _forget_server(server)
-            _server_sandbox = None
         if _server_owner is not None and _server_owner != os.getpid():
             # A process forked from one that ran launches (e.g. a learner's forked helper):
             # the server belongs to the parent; start our own.
@@ -457,65 +453,84 @@ def _server_context():
     return ctx
 
 
-_server_sandbox = None  # the grading sandbox the running server lives in (None: the plain server)
+def _sandbox_context(sandbox):
+    """A context whose processes start from a launch server of their own inside ``sandbox`` (grading).
 
-
-def _forget_server(server) -> None:
-    """Drop a server that is gone (its sandbox was ended), so that the next launch starts a new one."""
-    with contextlib.suppress(OSError, TypeError):
-        os.close(server._forkserver_alive_fd)
-    address = server._forkserver_address
-    if isinstance(address, str) and not address.startswith("\0"):
-        with contextlib.suppress(OSError):
-            os.unlink(address)
-    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
-
-
-def _sandboxed_server_context(sandbox):
-    """The forkserver context, with the server (and so every rank) inside ``sandbox`` (grading)."""
-    global _server_variables, _server_sandbox
+    Its own server, not the kernel's: the judge's plain launches (references) keep theirs, and
+    nothing of the learner side is ever forked from a process outside the sandbox.
+    """
     from multiprocessing import forkserver, spawn
 
-    ctx = mp.get_context("forkserver")
     with _server_lock:
-        server = forkserver._forkserver
-        if _server_sandbox is not sandbox and server._forkserver_pid is not None:
-            if _server_sandbox is None:
-                with contextlib.suppress(Exception):
-                    server._stop()  # the kernel's plain server: the learner side never uses it
-            else:
-                _server_sandbox.end()
-            _forget_server(server)
-        if _server_sandbox is sandbox and sandbox.pid is not None and server._forkserver_pid is not None:
-            pid, _ = os.waitpid(server._forkserver_pid, os.WNOHANG)
-            if pid:  # the sandbox ended (its memory limit, say): no launch can run in it again
-                server._forkserver_pid = None
-                _forget_server(server)
+        if sandbox.server is None:
+            if sandbox.pid is not None:  # its server was started once and is gone: so is everything in it
                 raise LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
-        _server_sandbox = sandbox
-        _server_variables = None
-        ctx.set_forkserver_preload(_SERVER_PRELOAD)
-        plain = spawn.get_executable()
-        spawn.set_executable(sandbox.executable())
+            server = forkserver.ForkServer()
+            server.set_forkserver_preload(_SERVER_PRELOAD)
+            plain = spawn.get_executable()
+            spawn.set_executable(sandbox.executable())
+            try:
+                server.ensure_running()
+            finally:
+                spawn.set_executable(plain)
+            sandbox.started(server._forkserver_pid, server)
+
+    class Context:
+        Pipe = staticmethod(mp.Pipe)
+
+        @staticmethod
+        def Process(**kwargs):
+            proc = _SandboxProcess(**kwargs)
+            proc._sandbox = sandbox
+            return proc
+
+    return Context
+
+
+class _SandboxProcess(mp.process.BaseProcess):
+    """A worker started by a grading sandbox's own launch server (see _sandbox_context)."""
+
+    _start_method = "forkserver"
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _SandboxPopen(process_obj)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_sandbox", None)  # the judge's object, never the worker's
+        return state
+
+
+def _sandbox_popen_class():
+    from multiprocessing import popen_forkserver
+
+    return popen_forkserver.Popen
+
+
+class _SandboxPopen(_sandbox_popen_class()):
+    def _launch(self, process_obj):  # CPython's popen_forkserver, with the sandbox's server and pids
+        from multiprocessing import forkserver, reduction, spawn, util
+        from multiprocessing.context import set_spawning_popen
+
+        sandbox = process_obj._sandbox
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        prep_data["dir"] = str(sandbox.scratch)  # the judge's folder does not exist inside
+        buf = io.BytesIO()
+        set_spawning_popen(self)
         try:
-            forkserver.ensure_running()
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
         finally:
-            spawn.set_executable(plain)
-        if sandbox.pid is None:
-            sandbox.started(server._forkserver_pid)
-    return ctx
-
-
-def end_sandboxed_server(sandbox) -> None:
-    """End ``sandbox`` and everything in it; the next launch starts whatever it needs afresh."""
-    global _server_sandbox
-    from multiprocessing import forkserver
-
-    with _server_lock:
-        sandbox.close()
-        if _server_sandbox is sandbox:
-            _forget_server(forkserver._forkserver)
-            _server_sandbox = None
+            set_spawning_popen(None)
+        if sandbox.server is None:
+            raise LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
+        self.sentinel, w = sandbox.server.connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = sandbox.outside_pid(forkserver.read_signed(self.sentinel))  # the server knows only the pid inside
 
 
 def warm_up() -> None:
@@ -606,6 +621,7 @@ class _Judged:
     environment: dict | None = None  # what the ranks see of os.environ (None: the kernel's)
     cwd: str | None = None
     max_result_bytes: int = 256 << 20
+    counts_bytes: bool = False  # the check counts bytes sent: bytes written elsewhere are refused
 
     def __getstate__(self):
         # What a rank receives: the cells to run. Never the other ranks' payloads (each rank's
@@ -942,20 +958,6 @@ def _without_main_module_import():
         spawn.get_preparation_data = original
 
 
-@contextlib.contextmanager
-def _started_in(sandbox):
-    """A worker starts in its parent's working directory: in a sandbox, one that exists there."""
-    if sandbox is None:
-        yield
-        return
-    here = os.getcwd()
-    os.chdir(sandbox.scratch)
-    try:
-        yield
-    finally:
-        os.chdir(here)
-
-
 def _serialise_call(fn, args, kwargs) -> bytes:
     """Pickle fn and its arguments by value, as a worker in another process needs them."""
     try:
@@ -1199,7 +1201,7 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         payloads = [_serialise_call(fn, args, kwargs)] * world_size
     sandbox = judged.sandbox if judged is not None else None
     if sandbox is not None:
-        ctx = _sandboxed_server_context(sandbox)
+        ctx = _sandbox_context(sandbox)
     else:
         ctx = _server_context() if method == "forkserver" else mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="course_launch_")
@@ -1247,13 +1249,11 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
                 output_fds=output_fds,
             )
             proc = ctx.Process(target=_worker_main, args=(spec, result_send, release_recv), daemon=False)
-            with warnings.catch_warnings(), _without_main_module_import(), _started_in(sandbox):
+            with warnings.catch_warnings(), _without_main_module_import():
                 # Python 3.12+ warns on fork in a threaded process; the child replaces its
                 # stdio at once and only runs our worker code, which is the safe pattern.
                 warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
                 proc.start()
-            if sandbox is not None:  # the server reports the rank's pid inside the sandbox
-                proc._popen.pid = sandbox.outside_pid(proc._popen.pid)
             result_send.close()
             release_recv.close()
             if output_fds is not None:
@@ -1418,6 +1418,8 @@ class _Waiter:
         self.drained_at_baseline = {}
         self.payload_bytes = {}
         self.loopback_before = loopback_before
+        self.counts_bytes = judged is not None and judged.counts_bytes
+        self.started_at = time.time()
         self.helper_peak = 0  # sandbox: the most memory that processes other than the ranks held at once
         self._helpers_sampled = 0.0
         self.measurements = [None] * len(procs)
@@ -1600,11 +1602,13 @@ class _Waiter:
         least = frame_bytes - _FRAME_HEADER_BYTES[1] * packets
         most = frame_bytes - _FRAME_HEADER_BYTES[0] * packets
         written = sum(m["sent_bytes"] for m in self.measurements)
+        in_files = self.sandbox.bytes_in_files_since(self.started_at)  # a checkpoint, say: written, not sent
         slack = _BYTES_SLACK + 0.03 * max(written, most)
-        if written > most + slack:
+        if self.counts_bytes and written - in_files > most + slack:
             raise MeasurementRefused(
-                f"the ranks wrote {written} bytes, but at most {max(most, 0)} crossed the network between them: "
-                "the rest went to files, /dev/null, pipes or local sockets, which are not communication between ranks")
+                f"the ranks wrote {written} bytes, {in_files} of them to files, but at most {max(most, 0)} crossed the "
+                "network between them: the rest went to /dev/null, pipes or local sockets, which are not communication "
+                "between ranks")
         if written < least - slack:
             raise MeasurementRefused(
                 f"{least} bytes crossed the network between the ranks, but the ranks' own writes account for only "

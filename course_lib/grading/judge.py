@@ -243,7 +243,7 @@ class Learner:
         kwargs = {} if kwargs is None else kwargs
         if rank_args is not None and len(rank_args) != world_size:
             raise ValueError(f"rank_args has {len(rank_args)} entries for {world_size} ranks")
-        judged = launcher._Judged(prelude=self.prelude())
+        judged = launcher._Judged(prelude=self.prelude(), counts_bytes=measure)
         if self.grading and _state["sandboxed"]:
             judged.sandbox = self.sandbox()
             judged.environment = _learner_environment()
@@ -269,7 +269,7 @@ class Learner:
     def end_sandbox(self) -> None:
         box = getattr(self, "_sandbox", None)
         if box is not None:
-            launcher.end_sandboxed_server(box)
+            box.close()
             self._sandbox = None
 
     @property

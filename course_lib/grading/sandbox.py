@@ -54,7 +54,7 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubble
                 "kernel.unprivileged_userns_clone=1` on older Debian kernels); or grade only your own notebook, "
                 "unconfined, with --no-sandbox")
 MEMORY_LIMIT_BYTES = 8 << 30  # a whole submission's processes together (chapter 11: 8 ranks of ~350 MB)
-PROCESS_LIMIT = 256
+PROCESS_LIMIT = 1024  # tasks: threads count too (a rank runs a dozen or more)
 FILE_SIZE_LIMIT_BYTES = 1 << 30
 CPU_SECONDS_LIMIT = 3600
 _REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +163,8 @@ class _Cgroups:
             if self.v2:
                 events = dict(line.split() for line in (self.dirs[0] / "memory.events").read_text().splitlines())
                 return int(events.get("oom_kill", 0)) > 0
-            return int((self.dirs[1] / "memory.failcnt").read_text()) > 0
+            control = dict(line.split() for line in (self.dirs[1] / "memory.oom_control").read_text().splitlines())
+            return int(control.get("oom_kill", 0)) > 0
         return False
 
     def remove(self) -> None:
@@ -215,9 +216,12 @@ class Sandbox:
         self.memory_bytes, self.processes = memory_bytes, processes
         self.folder = Path(tempfile.mkdtemp(prefix=_name_prefix()))
         self.scratch = self.folder / "scratch"
-        self.scratch.mkdir()
+        self.writable = {self.scratch: str(self.scratch), self.folder / "tmp": "/tmp", self.folder / "shm": "/dev/shm"}
+        for outside in self.writable:
+            outside.mkdir()
         self.cgroups = _Cgroups(_cgroup_roots(), memory_bytes, processes) if os.geteuid() == 0 else None
         self.pid: int | None = None  # bwrap's pid, outside
+        self.server = None  # the launch server inside (a multiprocessing ForkServer), while it runs
         self._watchdog: threading.Thread | None = None
         self.ended_because: str | None = None
         self.closed = False
@@ -226,7 +230,7 @@ class Sandbox:
     def bwrap_arguments(self) -> list[str]:
         args = [_bwrap(), "--unshare-all", "--die-with-parent", "--new-session",
                 "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "learner",
-                "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+                "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev"]
         for name in ("bin", "lib", "lib64", "sbin"):  # merged /usr: these are links into it
             path = Path("/") / name
             if path.is_symlink():
@@ -237,7 +241,9 @@ class Sandbox:
             args += ["--ro-bind", path, path]
         for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU grader: the ranks see the GPUs
             args += ["--dev-bind", str(device), str(device)]
-        args += ["--bind", str(self.scratch), str(self.scratch), "--chdir", str(self.scratch),
+        for outside, inside in sorted(self.writable.items(), key=lambda item: len(item[1])):
+            args += ["--bind", str(outside), inside]  # private to this sandbox, and seen by the judge; /tmp first
+        args += ["--chdir", str(self.scratch),
                  "--setenv", "HOME", str(self.scratch), "--setenv", "TMPDIR", "/tmp"]
         return args
 
@@ -251,9 +257,10 @@ class Sandbox:
         script.chmod(0o700)
         return str(script)
 
-    def started(self, pid: int) -> None:
-        """The sandbox's first process (bwrap) has started with this pid: watch its memory from now on."""
-        self.pid = pid
+    def started(self, pid: int, server) -> None:
+        """The sandbox's first process (bwrap) has started with this pid, running the launch server
+        ``server`` (a multiprocessing ForkServer): watch its memory from now on."""
+        self.pid, self.server = pid, server
         self._watchdog = threading.Thread(target=self._watch, name="sandbox-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -304,6 +311,18 @@ class Sandbox:
                         return int(fields[8]), int(fields[9])
         return None
 
+    def bytes_in_files_since(self, since: float) -> int:
+        """Bytes in the files of the sandbox's writable folders written since ``since`` (time.time())."""
+        total = 0
+        for outside in self.writable:
+            for root, _, names in os.walk(outside):
+                for name in names:
+                    with contextlib.suppress(OSError):
+                        stat = os.lstat(os.path.join(root, name))
+                        if stat.st_mtime >= since - 1 and not os.path.islink(os.path.join(root, name)):
+                            total += stat.st_size
+        return total
+
     def resident_bytes(self) -> dict[int, int]:
         """Resident memory of each process in the sandbox now (pid outside -> bytes)."""
         sizes = {}
@@ -330,6 +349,12 @@ class Sandbox:
         """Kill everything in the sandbox (killing bwrap ends its pid namespace with it)."""
         if why and not self.ended_because:
             self.ended_because = why
+        server, self.server = self.server, None
+        if server is not None:
+            with contextlib.suppress(OSError, TypeError):
+                os.close(server._forkserver_alive_fd)
+            with contextlib.suppress(OSError, TypeError):
+                os.unlink(server._forkserver_address)
         if self.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.pid, signal.SIGKILL)
