@@ -465,11 +465,14 @@ def _sandbox_context(sandbox):
         if sandbox.server is None:
             if sandbox.pid is not None:  # its server was started once and is gone: so is everything in it
                 raise LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()  # the judge's own, outside: started before the swap below
             server = forkserver.ForkServer()
             server.set_forkserver_preload(_SERVER_PRELOAD)
             plain = spawn.get_executable()
-            spawn.set_executable(sandbox.executable())
             try:
+                spawn.set_executable(sandbox.executable())
                 server.ensure_running()
             finally:
                 spawn.set_executable(plain)
@@ -540,6 +543,8 @@ def warm_up() -> None:
     """
     if _default_start_method() != "forkserver" or os.environ.get("COURSE_START_METHOD"):
         return
+    if os.environ.get("COURSE_GRADING") == "1" and os.environ.get("COURSE_GRADING_SANDBOX") != "0":
+        return  # a grading judge: the learner side starts in each submission's sandbox, not here
     with contextlib.suppress(Exception):
         _server_context()
 
@@ -1587,33 +1592,26 @@ class _Waiter:
                 raise WorkerError(rank, "NotMeasured", "the rank's process could not be measured after it returned "
                                   "(did it exit before it was released?)", "", self.world_size)
             self.measurements[rank] = measured
-        if self.sandbox is not None and self.loopback_before is not None:
+        if self.sandbox is not None and self.loopback_before is not None and self.counts_bytes:
             self._check_where_bytes_went()
 
     def _check_where_bytes_went(self):
-        """Bytes the ranks wrote must be the bytes the sandbox's loopback carried, give or take headers.
-
-        More written than carried: some went to a file, /dev/null, a pipe or a local socket, not to a
-        peer. More carried than written: a process other than the ranks sent them (a helper)."""
+        """Bytes the ranks wrote cannot be more than the sandbox's loopback carried, give or take headers:
+        the rest went to /dev/null, a pipe or a local socket, not to a peer. (Less written than carried
+        proves nothing: torch's TCPStore client sends with send(2), which the write count leaves out.)"""
         after = self.sandbox.loopback_bytes()
         if after is None or self.loopback_before is None:
             raise MeasurementRefused("the sandbox's loopback could not be read, so the bytes sent cannot be checked")
         frame_bytes, packets = after[0] - self.loopback_before[0], after[1] - self.loopback_before[1]
-        least = frame_bytes - _FRAME_HEADER_BYTES[1] * packets
         most = frame_bytes - _FRAME_HEADER_BYTES[0] * packets
         written = sum(m["sent_bytes"] for m in self.measurements)
         in_files = self.sandbox.bytes_in_files_since(self.started_at)  # a checkpoint, say: written, not sent
         slack = _BYTES_SLACK + 0.03 * max(written, most)
-        if self.counts_bytes and written - in_files > most + slack:
+        if written - in_files > most + slack:
             raise MeasurementRefused(
                 f"the ranks wrote {written} bytes, {in_files} of them to files, but at most {max(most, 0)} crossed the "
                 "network between them: the rest went to /dev/null, pipes or local sockets, which are not communication "
                 "between ranks")
-        if written < least - slack:
-            raise MeasurementRefused(
-                f"{least} bytes crossed the network between the ranks, but the ranks' own writes account for only "
-                f"{written}: the rest was sent by another process (a helper the answer started?) or on a socket of the "
-                "answer's own (send/sendto); communication must go through torch.distributed, from the ranks")
 
     def measure(self, rank, payload_bytes):
         """What the kernel counted for this rank, read while it waits to be released.

@@ -1,11 +1,14 @@
 """How long grading a class takes: N submissions of one chapter, half solved, half untouched.
 
 Usage: python scripts/bench_grading.py [--chapter 01_collectives] [--students 30] [--jobs N] [--max-batch 8]
+                                      [--compare sandbox|batching]
 
-Grades the class twice, side by side: with one judge kernel per submission (--max-batch 1) and
-with grade.py's default batching; prints both wall times, their ratio, and whether the scores
-were right (solved: full marks, untouched: 0). The target: 30 submissions of one chapter in at
-most 2 minutes on 2 cores.
+Grades the same class twice, side by side, and prints both wall times, their ratio, and whether
+the scores were right (solved: full marks, untouched: 0):
+* ``--compare sandbox`` (default): every submission in its sandbox (grade.py's default), against
+  ``--no-sandbox``. The target: the sandbox costs at most 1.5x.
+* ``--compare batching``: one judge kernel per submission (--max-batch 1) against grade.py's
+  default batching. The target: 30 submissions of one chapter in at most 2 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ sys.path.insert(0, str(REPO))
 from course_lib.launcher import available_cpus  # noqa: E402
 
 
-def grade_class(folder: Path, handed_out: Path, jobs: int, max_batch: int) -> tuple[float, int]:
+def grade_class(folder: Path, handed_out: Path, jobs: int, max_batch: int, sandbox: bool = True) -> tuple[float, int]:
     """Grade the class; return the wall time and how many students scored as expected."""
     for old in folder.glob("*/feedback.txt"):
         old.unlink()
     started = time.monotonic()
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--exercises",
-                          str(handed_out), "--jobs", str(jobs), "--max-batch", str(max_batch)],
-                         capture_output=True, text=True)
+                          str(handed_out), "--jobs", str(jobs), "--max-batch", str(max_batch),
+                          *([] if sandbox else ["--no-sandbox"])], capture_output=True, text=True)
     seconds = time.monotonic() - started
     if run.returncode != 0:
         raise SystemExit(run.stdout + run.stderr)
@@ -48,6 +51,7 @@ def main(argv):
     parser.add_argument("--students", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=available_cpus())
     parser.add_argument("--max-batch", type=int, default=8, help="submissions per judge kernel (grade.py's default)")
+    parser.add_argument("--compare", choices=["sandbox", "batching"], default="sandbox")
     options = parser.parse_args(argv)
     name = f"{options.chapter}.ipynb"
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,11 +64,21 @@ def main(argv):
         handed_out = Path(tmp) / "handed_out"
         handed_out.mkdir()
         shutil.copy(REPO / "exercises" / name, handed_out / name)
-        # Side by side in one run: a judge kernel per submission, then several submissions per judge.
-        alone, right_alone = grade_class(folder, handed_out, options.jobs, 1)
-        batched, right_batched = grade_class(folder, handed_out, options.jobs, options.max_batch)
+        if options.compare == "sandbox":  # side by side in one run: unconfined, then sandboxed
+            plain, right_plain = grade_class(folder, handed_out, options.jobs, options.max_batch, sandbox=False)
+            boxed, right_boxed = grade_class(folder, handed_out, options.jobs, options.max_batch)
+        else:  # a judge kernel per submission, then several submissions per judge
+            alone, right_alone = grade_class(folder, handed_out, options.jobs, 1)
+            batched, right_batched = grade_class(folder, handed_out, options.jobs, options.max_batch)
     n = options.students
-    print(f"{n} submissions of {name}, {options.jobs} jobs, {available_cpus()} cores:")
+    print(f"{n} submissions of {name}, {options.jobs} jobs, {available_cpus()} cores, up to {options.max_batch} per judge:")
+    if options.compare == "sandbox":
+        print(f"  unconfined (--no-sandbox): {plain:6.1f} s ({plain / n:.2f} s per notebook), "
+              f"{right_plain}/{n} scored as expected")
+        print(f"  each in its sandbox:       {boxed:6.1f} s ({boxed / n:.2f} s per notebook), "
+              f"{right_boxed}/{n} scored as expected")
+        print(f"  the sandbox costs {boxed / plain:.2f}x; target at most 1.5x: {'met' if boxed <= 1.5 * plain else 'NOT met'}")
+        return 0 if right_plain == right_boxed == n else 1
     print(f"  one judge per submission:        {alone:6.1f} s ({alone / n:.2f} s per notebook), "
           f"{right_alone}/{n} scored as expected")
     print(f"  up to {options.max_batch} submissions per judge: {batched:6.1f} s ({batched / n:.2f} s per notebook), "

@@ -131,29 +131,6 @@ def sends_to_dev_null_and_shrinks_its_output(n):
 outcome("dev_null", learner.launch, sends_to_dev_null_and_shrinks_its_output, 2, args=(1 << 20,), measure=True)
 
 
-def raw_socket_exchange(n):
-    rank = dist.get_rank()
-    payload = bytes(n)
-    if rank == 0:
-        server = socket.socket()
-        server.bind(("127.0.0.1", 29999))
-        server.listen()
-        dist.barrier()
-        conn, _ = server.accept()
-        received = 0
-        while received < n:
-            received += len(conn.recv(1 << 16))
-        return received
-    dist.barrier()
-    client = socket.create_connection(("127.0.0.1", 29999))
-    client.sendall(payload)
-    client.close()
-    return n
-
-
-outcome("raw_socket", learner.launch, raw_socket_exchange, 2, args=(4 << 20,), measure=True)
-
-
 def helper_holds_memory(n):
     if dist.get_rank() == 0:
         read_end, write_end = os.pipe()

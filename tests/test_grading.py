@@ -189,8 +189,9 @@ def read_grades(folder: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
 def test_csv_header_and_exact_scores(graded):
     folder, _, _ = graded
     header, rows = read_grades(folder)
-    assert header == ["student", "tiny_basics", "tiny_collectives", "total", "max", "percent"]
+    assert header == ["student", "tiny_basics", "tiny_collectives", "total", "max", "percent", "grading"]
     assert sorted(rows) == sorted(EXPECTED)
+    assert {row["grading"] for row in rows.values()} == {"sandboxed"}
     for student, expected in EXPECTED.items():
         row = rows[student]
         got = {COLLECTIVES: float(row["tiny_collectives"]), BASICS: float(row["tiny_basics"])}
@@ -279,9 +280,39 @@ def test_invalid_arguments_fail_cleanly(tmp_path):
     assert proc.returncode == 2 and "not a folder" in proc.stderr
 
 
+def test_without_a_sandbox_grade_py_refuses_and_says_what_to_install(tmp_path):
+    (tmp_path / "alice").mkdir()
+    env = dict(os.environ, PATH="/nonexistent")  # bwrap cannot be found
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "`bwrap` was not found" in proc.stderr and "apt-get install bubblewrap" in proc.stderr
+    assert "--no-sandbox" in proc.stderr
+    assert not (tmp_path / "grades.csv").exists()
+
+
+def test_unconfined_grading_says_so_on_every_line(tmp_path):
+    folder, exercises = tmp_path / "class", tmp_path / "exercises"
+    exercises.mkdir()
+    nbformat.write(exercise(BASICS), exercises / BASICS)
+    for student in ("ann", "ben"):
+        (folder / student).mkdir(parents=True)
+        nbformat.write(exercise(BASICS), folder / student / BASICS)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--solutions",
+                           str(FIXTURES), "--exercises", str(exercises), "--no-sandbox", "--jobs", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = [line for line in proc.stdout.splitlines() if line.startswith(("ann ", "ben "))]
+    assert len(table) == 2 and all(line.rstrip().endswith("not sandboxed") for line in table), proc.stdout
+    reports = [line for line in proc.stdout.splitlines() if line.startswith(("  ann/", "  ben/"))]
+    assert len(reports) == 2 and all("not sandboxed" in line for line in reports), proc.stdout
+    _, rows = read_grades(folder)
+    assert {row["grading"] for row in rows.values()} == {"not sandboxed"}
+
+
 def test_merge_takes_answers_by_grade_id_and_checks_from_reference():
     sys.path.insert(0, str(REPO / "scripts"))
-    import grade
+    from course_lib.grading import grader as grade
 
     reference = grade.load_reference(FIXTURES / COLLECTIVES)
     assert [c.points for c in reference.checks] == [2, 3, 1]
@@ -331,7 +362,7 @@ def test_one_judge_forgets_each_submission_before_the_next():
 
 def test_a_class_is_split_into_judge_runs_that_keep_every_job_busy():
     sys.path.insert(0, str(REPO / "scripts"))
-    import grade
+    from course_lib.grading import grader as grade
 
     reference = grade.load_reference(FIXTURES / COLLECTIVES)
     assert grade.batch_split(reference) is not None

@@ -57,10 +57,6 @@ def test_bytes_written_to_dev_null_are_not_bytes_sent(routes):
     assert "/dev/null" in routes["dev_null"]["message"]
 
 
-def test_bytes_sent_on_a_socket_of_the_answers_own_are_refused(routes):
-    assert routes["raw_socket"]["error"] == "MeasurementRefused", routes["raw_socket"]
-
-
 def test_memory_held_by_a_helper_process_counts(routes):
     results, measured = routes["helper_memory"]["value"]
     honest = routes["honest_all_reduce"]["value"][1]
@@ -81,3 +77,22 @@ def test_a_rank_that_exits_before_it_is_measured_fails(routes):
 
 def test_each_rank_holds_only_its_own_input(routes):
     assert routes["frames"]["value"] == [[4.0], [40.0], [400.0]]
+
+
+ESCAPE = REPO / "tests" / "submissions" / "01_collectives" / "wrong_escape_the_sandbox.ipynb"
+
+
+def test_the_escape_routes_are_real_they_score_without_the_sandbox(tmp_path):
+    # tests/test_chapter_exercises.py grades this submission in the sandbox, where it must earn 0.
+    # Unconfined, the same notebook copies the solution from solutions/ and earns points: the routes
+    # it tries are real, and only the sandbox stops them.
+    (tmp_path / "class" / "eve").mkdir(parents=True)
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "class" / "eve" / "01_collectives.ipynb").write_bytes(ESCAPE.read_bytes())
+    (tmp_path / "exercises" / "01_collectives.ipynb").write_bytes((REPO / "exercises" / "01_collectives.ipynb").read_bytes())
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(tmp_path / "class"), "--no-sandbox",
+                          "--exercises", str(tmp_path / "exercises"), "--jobs", "1"],
+                         capture_output=True, text=True, timeout=400, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    feedback = (tmp_path / "class" / "eve" / "feedback.txt").read_text()
+    assert "[3/3] all_reduce from send/recv" in feedback, feedback  # copied from solutions/

@@ -1,10 +1,12 @@
-"""Grading that cannot be forged: the checks, the judge and the learner side, together.
+"""Grading that cannot be forged: every part of it, in one package.
 
 Introduced with chapter 01's exercises. ``checks`` tells a learner what is wrong (``checking``,
 ``expect``...); ``judge`` runs a learner's answer cells only in fresh worker processes and
-takes back data only (``Learner``); ``verdicts`` is the pytest plugin through which
-``scripts/grade.py`` hears each check's outcome on a pipe no learner process holds. The
-names below are imported on first use, so that plugin's process never imports torch.
+takes back data only (``Learner``); ``sandbox`` confines each submission's workers (bubblewrap)
+and measures them from outside; ``verdicts`` is the pytest plugin through which the grader hears
+each check's outcome on a pipe no learner process holds; ``grader`` is the command line
+(``course-grade``, ``scripts/grade.py``); ``exercises`` derives exercises/ from solutions/. The
+names below are imported on first use, so the verdicts plugin's process never imports torch.
 """
 
 from .._lazy import lazy_names

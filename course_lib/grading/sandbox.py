@@ -89,12 +89,18 @@ def _bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+def _prlimit() -> str:
+    return shutil.which("prlimit") or "/usr/bin/prlimit"
+
+
 def sandbox_problem() -> str | None:
     """Why a sandbox cannot be made here (None when it can): tried for real, once."""
     if not sys.platform.startswith("linux"):
         return f"the grading sandbox needs Linux (this is {sys.platform}); grade on a Linux machine or with --no-sandbox"
     if _bwrap() is None:
         return f"the program `bwrap` was not found: {INSTALL_HINT}"
+    if shutil.which("prlimit") is None and not os.path.exists("/usr/bin/prlimit"):
+        return "the program `prlimit` (util-linux) was not found: install util-linux"
     probe = subprocess.run([_bwrap(), "--unshare-all", "--die-with-parent", "--uid", str(INSIDE_UID),
                             "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
                            capture_output=True, text=True, timeout=60)
@@ -184,7 +190,7 @@ def _read_only_paths() -> list[str]:
     """What the learner side must read: the system's libraries, Python, its packages, course_lib."""
     repo = str(_REPO)
     paths = {"/usr", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
-             "/etc/nsswitch.conf", "/etc/hosts", "/etc/localtime", "/etc/alternatives", "/sys",
+             "/etc/localtime", "/etc/alternatives", "/sys",
              sys.base_prefix, sys.prefix, str(_COURSE_LIB)}
     for entry in sys.path:  # site-packages and the like; nothing of the course's folder but course_lib
         if entry and os.path.isabs(entry) and os.path.isdir(entry):
@@ -243,6 +249,15 @@ class Sandbox:
             args += ["--dev-bind", str(device), str(device)]
         for outside, inside in sorted(self.writable.items(), key=lambda item: len(item[1])):
             args += ["--bind", str(outside), inside]  # private to this sandbox, and seen by the judge; /tmp first
+        # Names resolve from files only, at once: no DNS can answer inside (gloo, torchrun and the
+        # TCPStore look up the host's name and their peers' addresses).
+        etc = self.folder / "etc"
+        etc.mkdir(exist_ok=True)
+        (etc / "hosts").write_text("127.0.0.1 localhost learner\n::1 localhost\n")
+        (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
+        (etc / "resolv.conf").write_text("")
+        for name in ("hosts", "nsswitch.conf", "resolv.conf"):
+            args += ["--ro-bind", str(etc / name), f"/etc/{name}"]
         args += ["--chdir", str(self.scratch),
                  "--setenv", "HOME", str(self.scratch), "--setenv", "TMPDIR", "/tmp"]
         return args
@@ -253,7 +268,7 @@ class Sandbox:
                   "--core=0"]
         script = self.folder / "enter"
         script.write_text("#!/bin/sh\n" + (self.cgroups.join_command() if self.cgroups else "")
-                          + f"exec {shlex.join(['prlimit', *limits, '--', *self.bwrap_arguments(), python])} \"$@\"\n")
+                          + f"exec {shlex.join([_prlimit(), *limits, '--', *self.bwrap_arguments(), python])} \"$@\"\n")
         script.chmod(0o700)
         return str(script)
 
