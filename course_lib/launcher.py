@@ -1576,7 +1576,7 @@ class _Waiter:
             if rss > self.sampled_rss[rank]:
                 self.sampled_rss[rank] = rss
         now = time.monotonic()
-        if self.sandbox is not None and now - self._helpers_sampled > 0.1:
+        if self.sandbox is not None and now - self._helpers_sampled > 0.25:
             self._helpers_sampled = now
             ranks = {proc.pid for proc in self.procs}
             sizes = self.sandbox.resident_bytes()

@@ -205,7 +205,8 @@ def test_table_printed(graded):
     _, stdout, _ = graded
     table = stdout[stdout.index("student"):]
     assert "tiny_collectives" in table and "percent" in table
-    assert any(line.split()[:1] == ["alice"] and line.split()[-2:] == ["7", "100.0"] for line in table.splitlines())
+    assert any(line.split()[:1] == ["alice"] and line.split()[-3:] == ["7", "100.0", "sandboxed"]
+               for line in table.splitlines())
 
 
 def feedback(folder: Path, student: str) -> str:

@@ -228,6 +228,7 @@ class Sandbox:
         self.cgroups = _Cgroups(_cgroup_roots(), memory_bytes, processes) if os.geteuid() == 0 else None
         self.pid: int | None = None  # bwrap's pid, outside
         self.server = None  # the launch server inside (a multiprocessing ForkServer), while it runs
+        self._infrastructure: set[int] | None = None
         self._watchdog: threading.Thread | None = None
         self.ended_because: str | None = None
         self.closed = False
@@ -281,15 +282,22 @@ class Sandbox:
 
     # ----- what is inside, seen from outside
     def processes_inside(self) -> list[int]:
-        """Pids (outside) of every process in the sandbox, bwrap's own included."""
-        import psutil
+        """Pids (outside) of every process in the sandbox, bwrap's own first.
 
+        Walks the sandbox's own process tree (/proc/PID/task/TID/children): a daemon that left its
+        parent is re-parented to the sandbox's init, so it is still found, and no other process
+        of the machine is read."""
         if self.pid is None:
             return []
-        with contextlib.suppress(psutil.Error):
-            top = psutil.Process(self.pid)
-            return [self.pid] + [child.pid for child in top.children(recursive=True)]
-        return []
+        found, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            with contextlib.suppress(OSError):
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError, ValueError):
+                        todo += [int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        return found
 
     def _inside_pids(self) -> dict[int, int]:
         """pid outside -> pid inside, for every process in the sandbox but bwrap's own."""
@@ -305,13 +313,23 @@ class Sandbox:
 
     def infrastructure_pids(self) -> set[int]:
         """bwrap, its init (pid 1 inside) and the launch server (pid 2 inside): not the learner's."""
-        return {self.pid} | {outside for outside, inside in self._inside_pids().items() if inside <= 2}
+        if self._infrastructure is None:
+            self._infrastructure = {self.pid} | {outside for outside, inside in self._inside_pids().items()
+                                                 if inside <= 2}
+        return self._infrastructure
 
     def outside_pid(self, inside_pid: int) -> int:
         """The pid, outside, of the sandbox's process that has ``inside_pid`` inside."""
-        for outside, inside in self._inside_pids().items():
-            if inside == inside_pid:
-                return outside
+        for _ in range(20):  # a process that was just forked: give /proc a moment
+            for outside, inside in self._inside_pids().items():
+                if inside == inside_pid:
+                    return outside
+            time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            program = os.readlink(f"/proc/{self.pid}/exe")
+            ancestry = Path(f"/proc/{inside_pid}/status").read_text().split("PPid:")[1].split()[0]
+            raise LookupError(f"process {inside_pid} is not in the sandbox (its first process is {self.pid}, "
+                              f"{program}; {inside_pid}'s parent is {ancestry}; inside: {self._inside_pids()})")
         raise LookupError(f"no process {inside_pid} in the sandbox")
 
     def loopback_bytes(self) -> tuple[int, int] | None:
