@@ -244,12 +244,15 @@ class Sandbox:
                 args += ["--symlink", os.readlink(path), str(path)]
             elif path.is_dir():
                 args += ["--ro-bind", str(path), str(path)]
+        # /tmp and /dev/shm first: a read-only path below /tmp (a course cloned there) goes on top.
+        for outside, inside in self.writable.items():
+            if inside in ("/tmp", "/dev/shm"):
+                args += ["--bind", str(outside), inside]
         for path in _without_nested(_read_only_paths()):
             args += ["--ro-bind", path, path]
         for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU grader: the ranks see the GPUs
             args += ["--dev-bind", str(device), str(device)]
-        for outside, inside in sorted(self.writable.items(), key=lambda item: len(item[1])):
-            args += ["--bind", str(outside), inside]  # private to this sandbox, and seen by the judge; /tmp first
+        args += ["--bind", str(self.scratch), str(self.scratch)]  # the folder both sides see, at one path
         # Names resolve from files only, at once: no DNS can answer inside (gloo, torchrun and the
         # TCPStore look up the host's name and their peers' addresses).
         etc = self.folder / "etc"
