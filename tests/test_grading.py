@@ -27,7 +27,10 @@ from make_exercises import make_exercise, read_notebook  # noqa: E402
 
 # The fixture's checks give up after 5 s, well inside this; and its setup cell (imports, the Learner) must
 # finish inside it too: 12 s was not enough on the 2-core machine beside the class's grading and the browser.
-CELL_TIMEOUT = 30
+# An answer cell gets half of it, and a submission's first answer cell also waits for its sandbox's launch
+# server to import torch: beside the sandboxed class grading (load average 9 on 2 cores) 15 s was not enough
+# for that. The root fix, starting each sandbox in the grader's own between-submissions cell, is not built yet.
+CELL_TIMEOUT = 60
 COLLECTIVES, BASICS = "tiny_collectives.ipynb", "tiny_basics.ipynb"
 
 # Answers as a student would type them into the exercise's answer cells.
