@@ -73,6 +73,7 @@ import linecache
 import multiprocessing as mp
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -453,6 +454,10 @@ def _server_context():
     return ctx
 
 
+def _sandbox_ended(sandbox) -> LaunchError:
+    return LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
+
+
 def _sandbox_context(sandbox):
     """A context whose processes start from a launch server of their own inside ``sandbox`` (grading).
 
@@ -464,7 +469,7 @@ def _sandbox_context(sandbox):
     with _server_lock:
         if sandbox.server is None:
             if sandbox.pid is not None:  # its server was started once and is gone: so is everything in it
-                raise LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
+                raise _sandbox_ended(sandbox)
             from multiprocessing import resource_tracker
 
             resource_tracker.ensure_running()  # the judge's own, outside: started before the swap below
@@ -527,7 +532,7 @@ class _SandboxPopen(_sandbox_popen_class()):
         finally:
             set_spawning_popen(None)
         if sandbox.server is None:
-            raise LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
+            raise _sandbox_ended(sandbox)
         self.sentinel, w = sandbox.server.connect_to_new_process(self._fds)
         _parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
@@ -1332,8 +1337,6 @@ class _Drain:
         self.thread.start()
 
     def _read(self, blocking: bool) -> bool:
-        import select
-
         if not blocking and not select.select([self.read_fd], [], [], 0)[0]:
             return False
         try:
@@ -1354,8 +1357,6 @@ class _Drain:
             with self.lock:
                 if self.read_fd is None:
                     return
-            import select
-
             ready = select.select([self.read_fd], [], [], 0.2)[0]
             with self.lock:
                 if self.read_fd is None:

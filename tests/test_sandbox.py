@@ -44,6 +44,7 @@ def test_a_detached_daemon_dies_with_the_submissions_sandbox(routes):
 
 
 def test_a_fork_bomb_is_stopped_by_the_process_limit(routes):
+    assert routes["fork_bomb"]["ok"], routes["fork_bomb"]
     bomb = routes["fork_bomb"]["value"]
     assert bomb["stopped_by"] is not None and bomb["children"] < 1100
 

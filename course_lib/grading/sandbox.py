@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shlex
 import shutil
@@ -405,10 +406,7 @@ class Sandbox:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-_problem_cache: dict[str, str | None] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def sandbox_problem_cached() -> str | None:
-    if "problem" not in _problem_cache:
-        _problem_cache["problem"] = sandbox_problem()
-    return _problem_cache["problem"]
+    """sandbox_problem(), tried once per process."""
+    return sandbox_problem()
