@@ -163,7 +163,15 @@ class _Cgroups:
 
     def join_command(self) -> str:
         """Shell lines that move the shell (soon bwrap, by exec) into the cgroups."""
-        return "".join(f"echo $$ > {shlex.quote(str(folder / 'cgroup.procs'))}\n" for folder in self.dirs)
+        return "".join(f"echo $$ > {shlex.quote(str(folder / 'cgroup.procs'))} || exit 97\n" for folder in self.dirs)
+
+    def holds(self, pid: int) -> bool:
+        """Whether process ``pid`` is in every one of these cgroups (the join did not fail silently)."""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return False
+        return all(f"/{folder.name}\n" in lines for folder in self.dirs)
 
     def oom_killed(self) -> bool:
         with contextlib.suppress(OSError, ValueError):
@@ -281,8 +289,25 @@ class Sandbox:
         """The sandbox's first process (bwrap) has started with this pid, running the launch server
         ``server`` (a multiprocessing ForkServer): watch its memory from now on."""
         self.pid, self.server = pid, server
+        if self.cgroups is not None and not self._joined_cgroups(pid):
+            raise RuntimeError(f"the sandbox's first process ({pid}) is not in its cgroups {self.cgroups.dirs}: "
+                               "its limits on processes and memory would not hold; not grading without them")
         self._watchdog = threading.Thread(target=self._watch, name="sandbox-watchdog", daemon=True)
         self._watchdog.start()
+
+    def _joined_cgroups(self, pid: int, wait_s: float = 30.0) -> bool:
+        """Whether the sandbox's first process is in its cgroups, once its start script has run
+        (the server is started without waiting: the script may still be joining them)."""
+        bwrap = os.path.realpath(_bwrap())
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                if os.path.realpath(f"/proc/{pid}/exe") == bwrap:
+                    break
+            except OSError:
+                return False  # it is gone
+            time.sleep(0.01)
+        return self.cgroups.holds(pid)
 
     # ----- what is inside, seen from outside
     def processes_inside(self) -> list[int]:
