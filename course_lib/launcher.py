@@ -1579,10 +1579,11 @@ class _Waiter:
         now = time.monotonic()
         if self.sandbox is not None and now - self._helpers_sampled > 0.25:
             self._helpers_sampled = now
-            ranks = {proc.pid for proc in self.procs}
-            sizes = self.sandbox.resident_bytes()
-            server = self.sandbox.infrastructure_pids()  # bwrap, its init and the launch server
-            helpers = sum(size for pid, size in sizes.items() if pid not in ranks and pid not in server)
+            # Not helpers: this launch's ranks, an earlier launch's ranks still exiting (their memory
+            # is being freed), bwrap, its init and the launch server.
+            self.sandbox.rank_pids |= {proc.pid for proc in self.procs}
+            not_helpers = self.sandbox.rank_pids | self.sandbox.infrastructure_pids()
+            helpers = sum(size for pid, size in self.sandbox.resident_bytes().items() if pid not in not_helpers)
             self.helper_peak = max(self.helper_peak, helpers)
 
     def _measure_all(self):

@@ -347,7 +347,7 @@ def test_one_judge_forgets_each_submission_before_the_next():
 
     shell = SimpleNamespace(user_ns={"learner": None, "CHECK_TIMEOUT": 15, "_i3": "history"})
     learner = judge.Learner.__new__(judge.Learner)
-    learner.cells, learner.broken, learner.shell = {}, {}, shell
+    learner.cells, learner.broken, learner.shell, learner.grading = {}, {}, shell, False
     saved = dict(judge._state)
     try:
         judge._state.update(learner=learner, namespace=None)

@@ -266,6 +266,11 @@ class Learner:
             self._sandbox = Sandbox()
         return self._sandbox
 
+    def start_sandbox(self) -> None:
+        """Make this submission's sandbox and start its launch server (it imports torch) now."""
+        if self.grading and _state["sandboxed"]:
+            launcher._sandbox_context(self.sandbox())
+
     def end_sandbox(self) -> None:
         box = getattr(self, "_sandbox", None)
         if box is not None:
@@ -345,6 +350,7 @@ def next_submission() -> None:
     learner.cells.clear()
     learner.broken.clear()
     learner.end_sandbox()  # nothing the last submission started survives into the next one's checks
+    learner.start_sandbox()  # here, in the grader's own cell: an answer cell's time is the answer's alone
     if learner.shell is None:
         return
     namespace = learner.shell.user_ns

@@ -238,6 +238,7 @@ class Sandbox:
         self.pid: int | None = None  # bwrap's pid, outside
         self.server = None  # the launch server inside (a multiprocessing ForkServer), while it runs
         self._infrastructure: set[int] | None = None
+        self.rank_pids: set[int] = set()  # every launch's ranks (pids outside): a rank is never a "helper"
         self._watchdog: threading.Thread | None = None
         self.ended_because: str | None = None
         self.closed = False
