@@ -386,6 +386,33 @@ def test_a_class_is_split_into_judge_runs_that_keep_every_job_busy():
     assert all(len(batch) == 1 for _, batch in grade.plan_batches(pending, references, jobs=2, max_batch=1))
 
 
+def test_a_sandbox_that_cannot_start_leaves_its_submission_not_graded_and_the_others_scored():
+    # The grader's cell before each submission ends the last sandbox and starts the next one's: no
+    # student's code runs in it. When it fails, that submission is "not graded" (not given 0), the
+    # batch's setup is not blamed, and the submissions around it are scored as usual.
+    from types import SimpleNamespace
+
+    from course_lib.grading import grader as grade
+
+    reference = grade.load_reference(FIXTURES / COLLECTIVES)
+    merged, places, _ = grade.merge_many(reference, [CORRECT, CORRECT, CORRECT])
+    markers = [p[grade.NEXT_MARKER] for p in places]
+    assert [merged.cells[i].source for i in range(len(merged.cells)) if merged.cells[i].cell_type == "code"
+            and merged.cells[i].execution_count - 1 in markers] == [grade.NEXT_SUBMISSION_CELL] * 3
+    code_cells = sum(c.cell_type == "code" for c in merged.cells)
+    outcomes = {n: grade.CellOutcome("passed") for n in range(code_cells)}
+    outcomes[markers[1]] = grade.CellOutcome("failed", "RuntimeError")
+    records = {markers[1]: {"ename": "RuntimeError", "evalue": "the sandbox's first process is not in its cgroups"}}
+    run = grade.RunResult(outcomes, records, {})
+    options = SimpleNamespace(cell_timeout=60)
+    assert grade.grader_setup_failure(run, places[0], reference, options) is None
+    assert grade.submission_start_failure(run, places[0], options) is None
+    assert grade.submission_start_failure(run, places[2], options) is None
+    why = grade.submission_start_failure(run, places[1], options)
+    assert why == (f"the grader's cell that starts this submission's sandbox (code cell {markers[1]}) raised "
+                   "RuntimeError: the sandbox's first process is not in its cgroups"), why
+
+
 def test_a_setup_that_fails_blames_the_grader_not_the_student(tmp_path):
     # On a busy machine the reference's setup cell (the course's code, none of the student's) can
     # outlast a short --cell-timeout: every check then fails with a NameError that says nothing

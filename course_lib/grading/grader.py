@@ -117,6 +117,10 @@ NEXT_SUBMISSION_CELL = """\
 import course_lib.grading.judge as _course_judge
 _course_judge.next_submission()"""
 
+# The key, in a submission's places (reference cell -> nbval's cell number), of the grader's
+# next_submission cell before it: no reference cell has this index.
+NEXT_MARKER = -1
+
 NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_\w+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
 NBVAL_TAGS = {"nbval-ignore-output", "nbval-check-output", "nbval-raises-exception", "nbval-skip",
               "raises-exception", "pytest-validate-ignore-output"}
@@ -294,7 +298,7 @@ def merge_many(reference: Reference, submissions: list[dict[str, str]]
         if split is not None:
             marker = nbformat.v4.new_code_cell(NEXT_SUBMISSION_CELL)
             marker.id = f"course-grader-next-{number}"
-            cells.append((marker, None))
+            cells.append((marker, (number, NEXT_MARKER)))
         for index in per_submission:
             cell = copy_of(index, tag)
             grade_id = answer_index.get(index)
@@ -595,20 +599,33 @@ def grader_setup_failure(run: RunResult, numbers: dict[int, int], reference: Ref
     first answer or check cell, which hold no student's code (a setup that timed out on a busy
     machine, say). Then no check says anything about the student's answers."""
     first_student_cell = min([*reference.answer_ids.values(), *(check.cell_index for check in reference.checks)])
-    own = [0] + sorted(number for index, number in numbers.items() if index < first_student_cell)
+    own = [0] + sorted(number for index, number in numbers.items() if 0 <= index < first_student_cell)
     for number in own:
-        outcome = run.outcomes.get(number, CellOutcome("missing"))
-        if outcome.status == "passed" and number not in run.replaced:
-            continue
-        if number in run.replaced or "Timeout of" in outcome.message:
-            why = f"did not finish within the cell timeout ({options.cell_timeout:g} s)"
-        elif run.records.get(number, {}).get("ename"):
-            record = run.records[number]
-            why = f"raised {record['ename']}: {record.get('evalue') or ''}".rstrip(": ")
-        else:
-            why = run.problem or "did not run"
-        return f"the grader's own setup (code cell {number}, none of the student's code) {why}"
+        why = grader_cell_failure(run, number, options)
+        if why:
+            return f"the grader's own setup (code cell {number}, none of the student's code) {why}"
     return None
+
+
+def submission_start_failure(run: RunResult, numbers: dict[int, int], options) -> str | None:
+    """Why the grader's cell before this submission failed (it ends the last submission's sandbox and
+    starts this one's; none of this student's code runs in it), or None."""
+    number = numbers.get(NEXT_MARKER)
+    why = None if number is None else grader_cell_failure(run, number, options)
+    return why and f"the grader's cell that starts this submission's sandbox (code cell {number}) {why}"
+
+
+def grader_cell_failure(run: RunResult, number: int, options) -> str | None:
+    """How one of the grader's own cells failed, or None when it passed."""
+    outcome = run.outcomes.get(number, CellOutcome("missing"))
+    if outcome.status == "passed" and number not in run.replaced:
+        return None
+    if number in run.replaced or "Timeout of" in outcome.message:
+        return f"did not finish within the cell timeout ({options.cell_timeout:g} s)"
+    if run.records.get(number, {}).get("ename"):
+        record = run.records[number]
+        return f"raised {record['ename']}: {record.get('evalue') or ''}".rstrip(": ")
+    return run.problem or "did not run"
 
 
 def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: Reference, options) -> list[NotebookResult]:
@@ -629,8 +646,9 @@ def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: R
                   "(grade them again; on a busy machine, with a larger --cell-timeout)", file=sys.stderr, flush=True)
         for (result, _), numbers, note in zip(batch, places, notes):
             result.notes = note
-            if failure:
-                result.problem = f"not graded: {failure}; ask your instructor to grade it again"
+            own_failure = failure or submission_start_failure(run, numbers, options)
+            if own_failure:  # the grader's fault: this submission is not graded, not given 0
+                result.problem = f"not graded: {own_failure}; ask your instructor to grade it again"
                 result.checks, result.earned = [], 0.0
                 continue
             score(result, run, numbers, reference, options)
