@@ -1580,10 +1580,11 @@ class _Waiter:
         if self.sandbox is not None and now - self._helpers_sampled > 0.25:
             self._helpers_sampled = now
             # Not helpers: this launch's ranks, an earlier launch's ranks still exiting (their memory
-            # is being freed), bwrap, its init and the launch server.
+            # is being freed), bwrap, its init and the launch server. A helper counts by the memory it
+            # holds of its own: a rank's child between fork and exec shares all of the rank's pages.
             self.sandbox.rank_pids |= {proc.pid for proc in self.procs}
             not_helpers = self.sandbox.rank_pids | self.sandbox.infrastructure_pids()
-            helpers = sum(size for pid, size in self.sandbox.resident_bytes().items() if pid not in not_helpers)
+            helpers = self.sandbox.private_bytes(pid for pid in self.sandbox.processes_inside() if pid not in not_helpers)
             self.helper_peak = max(self.helper_peak, helpers)
 
     def _measure_all(self):

@@ -394,6 +394,19 @@ class Sandbox:
                 sizes[pid] = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         return sizes
 
+    def private_bytes(self, pids) -> int:
+        """Memory that processes ``pids`` hold of their own (private pages, from smaps_rollup).
+
+        Not their resident size: a child just forked (say, a rank running a subprocess) shares
+        every page with its parent until it writes, so its resident size is the parent's."""
+        total = 0
+        for pid in pids:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                        total += int(line.split()[1]) * 1024
+        return total
+
     def _watch(self) -> None:
         """Without a cgroup (an ordinary user), the judge enforces the memory limit itself."""
         while not self.closed and self.pid is not None:
