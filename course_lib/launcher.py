@@ -539,6 +539,7 @@ class _SandboxPopen(_sandbox_popen_class()):
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = sandbox.outside_pid(forkserver.read_signed(self.sentinel))  # the server knows only the pid inside
+        sandbox.rank_pids.add(self.pid)  # never a "helper", in this launch or, still exiting, in the next
 
 
 def warm_up() -> None:
@@ -1582,7 +1583,6 @@ class _Waiter:
             # Not helpers: this launch's ranks, an earlier launch's ranks still exiting (their memory
             # is being freed), bwrap, its init and the launch server. A helper counts by the memory it
             # holds of its own: a rank's child between fork and exec shares all of the rank's pages.
-            self.sandbox.rank_pids |= {proc.pid for proc in self.procs}
             not_helpers = self.sandbox.rank_pids | self.sandbox.infrastructure_pids()
             helpers = self.sandbox.private_bytes(pid for pid in self.sandbox.processes_inside() if pid not in not_helpers)
             self.helper_peak = max(self.helper_peak, helpers)
