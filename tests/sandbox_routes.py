@@ -69,6 +69,8 @@ def looks_around(host_port, solutions, classmate):
 
 
 outcome("looks_around", learner.call, looks_around, HOST_PORT, SOLUTIONS, secret_dir)
+# How this judge made its sandbox: as root with cgroups, or as an ordinary user with RLIMIT_NPROC.
+outcomes["judge"] = {"euid": os.geteuid(), "cgroups": learner.sandbox().cgroups is not None}
 
 
 def leaves_a_daemon(marker):

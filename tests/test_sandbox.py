@@ -6,6 +6,7 @@ machine cannot make a sandbox (then grade.py refuses to grade, which test_gradin
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +20,24 @@ PROBLEM = sandbox_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"no sandbox here: {PROBLEM}")
 
 
-@pytest.fixture(scope="module")
-def routes():
-    run = subprocess.run([sys.executable, str(REPO / "tests" / "sandbox_routes.py")], capture_output=True, text=True,
-                         timeout=400, cwd=REPO)
+@pytest.fixture(scope="module", params=["as run", "as an ordinary user"])
+def routes(request):
+    """Every route, by a judge running as these tests do (in CI: root, with cgroups) and, when that is
+    root, again as an ordinary user with 1,100 threads of its own running (tests/ordinary_user.py):
+    no cgroups there, the process limit is RLIMIT_NPROC and memory the judge's watchdog."""
+    command = [sys.executable, str(REPO / "tests" / "sandbox_routes.py")]
+    if request.param == "as an ordinary user":
+        if os.geteuid() != 0:
+            pytest.skip("these tests already run as an ordinary user (the 'as run' case)")
+        command = [sys.executable, str(REPO / "tests" / "ordinary_user.py"), *command]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=REPO)
     last = [line for line in run.stdout.splitlines() if line.startswith("ALL ")]
     assert run.returncode == 0 and last, run.stdout[-5000:] + run.stderr[-5000:]
-    return json.loads(last[-1][4:])
+    found = json.loads(last[-1][4:])
+    as_root = os.geteuid() == 0 and request.param == "as run"
+    assert found["judge"] == {"euid": 0 if as_root else found["judge"]["euid"], "cgroups": as_root}, found["judge"]
+    assert as_root or found["judge"]["euid"] != 0
+    return found
 
 
 def test_the_learner_side_sees_nothing_of_the_host(routes):

@@ -195,6 +195,19 @@ class _Cgroups:
 # --------------------------------------------------------------------------
 # The sandbox
 # --------------------------------------------------------------------------
+def _tasks_of_user(uid: int) -> int:
+    """How many tasks (threads) processes of real user ``uid`` run now: what RLIMIT_NPROC counts."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = dict(line.split(":", 1) for line in Path(entry.path, "status").read_text().splitlines()
+                              if line.startswith(("Uid:", "Threads:")))
+                if int(fields["Uid"].split()[0]) == uid:
+                    total += int(fields["Threads"])
+    return total
+
+
 def _read_only_paths() -> list[str]:
     """What the learner side must read: the system's libraries, Python, its packages, course_lib."""
     repo = str(_REPO)
@@ -231,6 +244,7 @@ class Sandbox:
         self.memory_bytes, self.processes = memory_bytes, processes
         self.folder = Path(tempfile.mkdtemp(prefix=_name_prefix()))
         self.scratch = self.folder / "scratch"
+        self.errors = self.folder / "errors.log"  # outside only: what bwrap and the launch server print
         self.writable = {self.scratch: str(self.scratch), self.folder / "tmp": "/tmp", self.folder / "shm": "/dev/shm"}
         for outside in self.writable:
             outside.mkdir()
@@ -277,24 +291,71 @@ class Sandbox:
         return args
 
     def executable(self, python: str = sys.executable) -> str:
-        """A program that runs ``python ARGS...`` inside this sandbox (what the launch server starts with)."""
-        limits = [f"--nproc={self.processes}", f"--fsize={FILE_SIZE_LIMIT_BYTES}", f"--cpu={CPU_SECONDS_LIMIT}",
+        """A program that runs ``python ARGS...`` inside this sandbox (what the launch server starts with).
+
+        Its errors (bwrap's own, the launch server's) go to a file of the sandbox's folder outside,
+        which the judge quotes when the sandbox cannot start."""
+        limits = [f"--nproc={self._process_rlimit()}", f"--fsize={FILE_SIZE_LIMIT_BYTES}", f"--cpu={CPU_SECONDS_LIMIT}",
                   "--core=0"]
         script = self.folder / "enter"
         script.write_text("#!/bin/sh\n" + (self.cgroups.join_command() if self.cgroups else "")
-                          + f"exec {shlex.join([_prlimit(), *limits, '--', *self.bwrap_arguments(), python])} \"$@\"\n")
+                          + f"exec {shlex.join([_prlimit(), *limits, '--', *self.bwrap_arguments(), python])} \"$@\""
+                          + f" 2>>{shlex.quote(str(self.errors))}\n")
         script.chmod(0o700)
         return str(script)
+
+    def _process_rlimit(self) -> int:
+        """RLIMIT_NPROC for the sandbox (the limit on processes when there is no cgroup: an ordinary user).
+
+        The kernel counts every task (thread) of the user against it, not only the sandbox's: an
+        instructor whose browser and editor already run 1,500 threads could not start one rank under a
+        plain 1,024. So: what the user runs now, plus the sandbox's own allowance (within the hard limit)."""
+        if os.geteuid() == 0:
+            return self.processes  # not enforced for root: the cgroup's pids.max limits the sandbox
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        wanted = _tasks_of_user(os.getuid()) + self.processes
+        return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
     def started(self, pid: int, server) -> None:
         """The sandbox's first process (bwrap) has started with this pid, running the launch server
         ``server`` (a multiprocessing ForkServer): watch its memory from now on."""
         self.pid, self.server = pid, server
-        if self.cgroups is not None and not self._joined_cgroups(pid):
-            raise RuntimeError(f"the sandbox's first process ({pid}) is not in its cgroups {self.cgroups.dirs}: "
-                               "its limits on processes and memory would not hold; not grading without them")
+        try:
+            if self.cgroups is not None and not self._joined_cgroups(pid):
+                raise SandboxUnavailable(f"the sandbox's first process ({pid}) is not in its cgroups "
+                                         f"{self.cgroups.dirs}: its limits on processes and memory would not hold; "
+                                         "not grading without them" + self._errors_said())
+            self._wait_for_the_server(pid)
+        except SandboxUnavailable as exc:
+            self.end(str(exc))  # a later launch in it says why, instead of talking to a server that is not there
+            raise
         self._watchdog = threading.Thread(target=self._watch, name="sandbox-watchdog", daemon=True)
         self._watchdog.start()
+
+    def _wait_for_the_server(self, pid: int, wait_s: float = 60.0) -> None:
+        """Return once the launch server runs inside (pid 2 there); raise, quoting bwrap, if the sandbox
+        could not be made (it is started without waiting)."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if 2 in self._inside_pids().values():
+                return
+            with contextlib.suppress(ChildProcessError):
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    break  # bwrap exited: the sandbox could not be made
+            time.sleep(0.01)
+        else:
+            raise SandboxUnavailable(f"the sandbox's launch server did not start within {wait_s:g} s"
+                                     + self._errors_said())
+        raise SandboxUnavailable("the sandbox could not be made" + (self._errors_said() or ": bwrap exited"))
+
+    def _errors_said(self) -> str:
+        with contextlib.suppress(OSError):
+            text = self.errors.read_text(errors="replace").strip()
+            if text:
+                return f"; it said: {text[-2000:]}"
+        return ""
 
     def _joined_cgroups(self, pid: int, wait_s: float = 30.0) -> bool:
         """Whether the sandbox's first process is in its cgroups, once its start script has run
