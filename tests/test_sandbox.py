@@ -109,3 +109,25 @@ def test_the_escape_routes_are_real_they_score_without_the_sandbox(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     feedback = (tmp_path / "class" / "eve" / "feedback.txt").read_text()
     assert "[3/3] all_reduce from send/recv" in feedback, feedback  # copied from solutions/
+
+
+def test_a_sandbox_that_cannot_be_made_says_what_bwrap_said(tmp_path, monkeypatch):
+    # E.g. an ordinary user at their limit on processes: bwrap cannot make its namespaces. The
+    # judge must say so (and end the sandbox), not fail later on a launch server that is not there.
+    from course_lib import launcher
+    from course_lib.grading import sandbox as sandbox_module
+
+    failing = tmp_path / "bwrap"
+    failing.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
+                       "exit 1\n")
+    failing.chmod(0o755)
+    box = sandbox_module.Sandbox()
+    monkeypatch.setattr(sandbox_module, "_bwrap", lambda: str(failing))
+    try:
+        with pytest.raises(sandbox_module.SandboxUnavailable, match="could not be made; it said: bwrap: Creating new "
+                                                                     "namespace failed: Resource temporarily"):
+            launcher._sandbox_context(box)
+        with pytest.raises(launcher.LaunchError, match="sandbox has ended: the sandbox could not be made"):
+            launcher._sandbox_context(box)
+    finally:
+        box.close()

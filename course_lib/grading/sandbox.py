@@ -195,6 +195,14 @@ class _Cgroups:
 # --------------------------------------------------------------------------
 # The sandbox
 # --------------------------------------------------------------------------
+def _has_exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited (left unreaped: Sandbox.end waits for it)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def _tasks_of_user(uid: int) -> int:
     """How many tasks (threads) processes of real user ``uid`` run now: what RLIMIT_NPROC counts."""
     total = 0
@@ -323,7 +331,7 @@ class Sandbox:
         ``server`` (a multiprocessing ForkServer): watch its memory from now on."""
         self.pid, self.server = pid, server
         try:
-            if self.cgroups is not None and not self._joined_cgroups(pid):
+            if self.cgroups is not None and self._joined_cgroups(pid) is False:
                 raise SandboxUnavailable(f"the sandbox's first process ({pid}) is not in its cgroups "
                                          f"{self.cgroups.dirs}: its limits on processes and memory would not hold; "
                                          "not grading without them" + self._errors_said())
@@ -341,9 +349,8 @@ class Sandbox:
         while time.monotonic() < deadline:
             if 2 in self._inside_pids().values():
                 return
-            with contextlib.suppress(ChildProcessError):
-                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                    break  # bwrap exited: the sandbox could not be made
+            if _has_exited(pid):
+                break  # bwrap exited: the sandbox could not be made
             time.sleep(0.01)
         else:
             raise SandboxUnavailable(f"the sandbox's launch server did not start within {wait_s:g} s"
@@ -357,12 +364,15 @@ class Sandbox:
                 return f"; it said: {text[-2000:]}"
         return ""
 
-    def _joined_cgroups(self, pid: int, wait_s: float = 30.0) -> bool:
+    def _joined_cgroups(self, pid: int, wait_s: float = 30.0) -> bool | None:
         """Whether the sandbox's first process is in its cgroups, once its start script has run
-        (the server is started without waiting: the script may still be joining them)."""
+        (the server is started without waiting: the script may still be joining them); None if
+        it exited before it became bwrap (_wait_for_the_server says why)."""
         bwrap = os.path.realpath(_bwrap())
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
+            if _has_exited(pid):
+                return None
             try:
                 if os.path.realpath(f"/proc/{pid}/exe") == bwrap:
                     break
