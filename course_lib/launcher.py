@@ -1596,12 +1596,16 @@ class _Waiter:
                                   "(did it exit before it was released?)", "", self.world_size)
             self.measurements[rank] = measured
         if self.sandbox is not None and self.loopback_before is not None and self.counts_bytes:
-            self._check_where_bytes_went()
+            network = self._check_where_bytes_went()
+            for measured in self.measurements:  # a total, the same for every rank
+                measured["network_bytes"] = network
 
-    def _check_where_bytes_went(self):
+    def _check_where_bytes_went(self) -> int:
         """Bytes the ranks wrote cannot be more than the sandbox's loopback carried, give or take headers:
         the rest went to /dev/null, a pipe or a local socket, not to a peer. (Less written than carried
-        proves nothing: torch's TCPStore client sends with send(2), which the write count leaves out.)"""
+        proves nothing: torch's TCPStore client sends with send(2), which the write count leaves out.)
+        Returns what the loopback carried, headers taken off: the bytes that crossed the network between
+        the sandbox's processes, which no file write or /dev/null can add to."""
         after = self.sandbox.loopback_bytes()
         if after is None or self.loopback_before is None:
             raise MeasurementRefused("the sandbox's loopback could not be read, so the bytes sent cannot be checked")
@@ -1615,6 +1619,7 @@ class _Waiter:
                 f"the ranks wrote {written} bytes, {in_files} of them to files, but at most {max(most, 0)} crossed the "
                 "network between them: the rest went to /dev/null, pipes or local sockets, which are not communication "
                 "between ranks")
+        return max(most, 0)
 
     def measure(self, rank, payload_bytes):
         """What the kernel counted for this rank, read while it waits to be released.
@@ -1644,7 +1649,8 @@ class _Waiter:
         self._sample_memory()
         peak = max(int(status.get("VmHWM", "0 kB").split()[0]) * 1024, self.sampled_rss[rank])
         # In a sandbox a rank's helpers count as its own: memory held by another process is still held.
-        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak + self.helper_peak}
+        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak + self.helper_peak,
+                "network_bytes": None}  # set by _measure_all in a sandbox
 
     def _died(self, rank) -> WorkerError:
         proc = self.procs[rank]

@@ -80,6 +80,17 @@ def graded_class(request, tmp_path_factory):
         return folder, list(csv.DictReader(f))
 
 
+# Hostile submissions must fail for the reason they were written to meet, not by accident (say, a
+# barrier that the check's log of operations happens to refuse): the measurement that stops each route.
+STOPPED_BY = {
+    ("01_collectives", "wrong_measurement_routes"): [
+        "MeasurementRefused: the ranks wrote",  # the built-in all-reduce, hidden, its bytes shaped with /dev/null
+        "every rank must receive the other 3 ranks' tensors",  # gathered through /dev/shm, padded with a file
+        "rank 0 raised ResultTooLarge",  # a 2 GiB result, after a fork bomb
+    ],
+}
+
+
 # The first test's setup grades the whole class (every chapter's students, one grade.py run):
 # minutes, not the 600 s pytest-timeout gives any single test. grade.py has its own limits.
 @pytest.mark.timeout(3000)
@@ -106,3 +117,7 @@ def test_grading_rewards_right_answers_and_only_them(exercise, graded_class):
         else:
             assert score == possible, f"{student} earned {score} of {possible} in {name}:\n{feedback(student)}"
     assert "not implemented yet" in feedback("untouched")
+    for (chapter, student), reasons in STOPPED_BY.items():
+        if chapter == name:
+            for reason in reasons:
+                assert reason in feedback(student), f"{student} was not stopped by '{reason}':\n{feedback(student)}"

@@ -236,7 +236,10 @@ class Learner:
         ``rank_args``: one tuple per rank, sent to that rank only (each rank's own input: no rank
         ever holds another's data, so it must communicate to learn it).
         Returns the ranks' results (data only), and with measure=True also, per rank,
-        ``{"sent_bytes", "peak_rss_bytes"}`` as the operating system counted them (None off Linux).
+        ``{"sent_bytes", "peak_rss_bytes", "network_bytes"}`` as the operating system counted them (None off
+        Linux). ``sent_bytes`` is what the rank wrote (sockets and files); ``network_bytes``, graded in a
+        sandbox only (else None), is what crossed the sandbox's loopback during the launch, all ranks together:
+        a lower bound on communication belongs on it, as a rank can add to its writes with files.
         """
         if self.inert:
             raise RuntimeError("learner.launch runs in the judge, not on the learner side")
