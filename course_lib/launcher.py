@@ -119,6 +119,13 @@ _SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "course_lib.la
 _IMPORT_TIME_VARIABLES = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS",
                           "OMP_WAIT_POLICY", "KMP_AFFINITY", "GOMP_SPINCOUNT")
 _PROGRESS_FILE_VARIABLE = "COURSE_PROGRESS_FILE"
+# Test-only (tests/test_devices.py), never for learners: COURSE_FAKE_DEVICE=meta makes rank_device()
+# act as on a machine with one GPU, with the meta device standing in for it: a process alone on
+# its node (the notebook kernel, a one-rank launch) gets `meta`, the ranks of a bigger launch the
+# CPU. A tensor on rank_device() that meets one left on the CPU then fails as it would on the GPU
+# ("... is not on the expected device ..."), on a machine without one. Nothing else changes:
+# choose_backend still gives gloo, which cannot carry meta tensors.
+_FAKE_DEVICE_VARIABLE = "COURSE_FAKE_DEVICE"
 # A timeout stretches (by the ranks' wait for a CPU) to at most this many times itself.
 _MAX_STRETCH = 10
 
@@ -361,6 +368,10 @@ def rank_device():
     """
     import torch
 
+    stand_in = os.environ.get(_FAKE_DEVICE_VARIABLE)
+    if stand_in:  # test-only: see _FAKE_DEVICE_VARIABLE
+        alone = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) == 1
+        return torch.device(stand_in) if alone else torch.device("cpu")
     gpu = rank_gpu()
     return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 
