@@ -225,10 +225,13 @@ def _drive(path: Path) -> dict:
 
 
 def _run_driver(path: Path, timeout: float = 240) -> dict:
-    env = {**os.environ, "COURSE_FAKE_DEVICE": "meta", "PYTHONPATH": str(ROOT)}
-    env.pop("COURSE_START_METHOD", None)
-    done = subprocess.run([sys.executable, __file__, str(path)], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="devices_ipython_") as ipython_dir:  # not the user's profile
+        env = {**os.environ, "COURSE_FAKE_DEVICE": "meta", "PYTHONPATH": str(ROOT), "IPYTHONDIR": ipython_dir}
+        env.pop("COURSE_START_METHOD", None)
+        done = subprocess.run([sys.executable, __file__, str(path)], capture_output=True, text=True, env=env,
+                              timeout=timeout, cwd=ROOT)
     assert done.returncode == 0, f"the driver failed on {path.name}:\n{done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
