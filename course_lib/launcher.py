@@ -465,6 +465,39 @@ def _server_context():
     return ctx
 
 
+_starter: dict = {}  # the thread that starts sandboxes for launches made from other threads
+
+
+def _in_a_lasting_thread(start) -> None:
+    """Run ``start()`` (which forks the sandbox's first process) in a thread that lives as long as the
+    judge: bwrap's --die-with-parent kills the sandbox when the *thread* that forked it ends (the
+    kernel's parent-death signal follows the thread), so a launch from a short-lived thread would
+    leave a sandbox that dies with that thread."""
+    if threading.current_thread() is threading.main_thread():
+        start()
+        return
+    import queue
+
+    if "requests" not in _starter:  # made once (the caller holds _server_lock)
+        _starter["requests"] = queue.Queue()
+
+        def serve(requests):
+            while True:
+                job, done = requests.get()
+                try:
+                    job()
+                    done.put(None)
+                except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                    done.put(exc)
+
+        threading.Thread(target=serve, args=(_starter["requests"],), name="sandbox-starter", daemon=True).start()
+    done: queue.Queue = queue.Queue()
+    _starter["requests"].put((start, done))
+    failure = done.get()
+    if failure is not None:
+        raise failure
+
+
 def _sandbox_ended(sandbox) -> LaunchError:
     return LaunchError(f"the learner side's sandbox has ended: {sandbox.ended_because or 'it exited'}")
 
@@ -489,7 +522,7 @@ def _sandbox_context(sandbox):
             plain = spawn.get_executable()
             try:
                 spawn.set_executable(sandbox.executable())
-                server.ensure_running()
+                _in_a_lasting_thread(server.ensure_running)
             finally:
                 spawn.set_executable(plain)
             sandbox.started(server._forkserver_pid, server)

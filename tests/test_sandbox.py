@@ -131,3 +131,28 @@ def test_a_sandbox_that_cannot_be_made_says_what_bwrap_said(tmp_path, monkeypatc
             launcher._sandbox_context(box)
     finally:
         box.close()
+
+
+SHORT_LIVED_THREAD = """
+import os, threading
+os.environ["COURSE_GRADING"] = "1"
+from course_lib.grading import judge
+judge.become_judge()
+learner = judge.Learner(answers=(), setup="import os")
+first = {}
+thread = threading.Thread(target=lambda: first.update(pid=learner.call(os.getpid)))
+thread.start()
+thread.join()
+print("PIDS", first["pid"], learner.call(os.getpid))
+learner.end_sandbox()
+"""
+
+
+def test_a_sandbox_started_from_a_thread_outlives_that_thread():
+    # bwrap's --die-with-parent follows the thread that forked it: a sandbox started by a launch from a
+    # short-lived thread used to die with it, and the next launch failed with "no process N in the sandbox".
+    run = subprocess.run([sys.executable, "-c", SHORT_LIVED_THREAD], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    first, second = map(int, run.stdout.split("PIDS")[1].split())
+    assert first > 2 and second > first  # both ranks inside the same, living sandbox (pids 1, 2: bwrap, the server)

@@ -421,6 +421,8 @@ class Sandbox:
 
     def outside_pid(self, inside_pid: int) -> int:
         """The pid, outside, of the sandbox's process that has ``inside_pid`` inside."""
+        if self.pid is not None and _has_exited(self.pid):
+            raise LookupError(f"the sandbox has ended: its first process ({self.pid}) exited" + self._errors_said())
         for _ in range(20):  # a process that was just forked: give /proc a moment
             for outside, inside in self._inside_pids().items():
                 if inside == inside_pid:
