@@ -1,17 +1,29 @@
 """Re-execute notebooks in place, top to bottom, and store their outputs.
 
-Usage: python scripts/execute_notebooks.py PATH [PATH ...]   (files or folders)
+Usage: python scripts/execute_notebooks.py [--allow-busy] PATH [PATH ...]   (files or folders)
 
 Stored outputs are what nbval compares against, so run this after editing a lesson
 or a solution notebook, check the diff, and commit the notebook with its outputs.
 Each notebook runs in its own folder with a fresh kernel, as JupyterLab would run it.
+
+Stored timings are what every reader sees, so a notebook runs only on an idle machine: before
+each one this waits (up to 3 minutes) for the 1-minute load average to fall to half the cores,
+and refuses if it does not. ``--allow-busy`` runs anyway; every timing cell prints its hardware
+line, load average included, so the stored output then says how busy the machine was.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from course_lib.launcher import available_cpus  # noqa: E402
+
+IDLE_WAIT_S = 180
 
 import nbformat
 from nbclient import NotebookClient
@@ -35,13 +47,38 @@ def execute(path: Path, timeout: int = 600) -> float:
     return time.perf_counter() - started
 
 
+def wait_until_idle(wait_s: float = IDLE_WAIT_S) -> str | None:
+    """None once the load average is at most half the cores; else why the machine is too busy."""
+    cores = available_cpus()
+    deadline = time.monotonic() + wait_s
+    while True:
+        load = os.getloadavg()[0]
+        if load <= cores / 2:
+            return None
+        if time.monotonic() > deadline:
+            return (f"the machine is busy (load average {load:.1f} on {cores} cores, more than half of them after "
+                    f"waiting {wait_s:g} s): timings stored now would show the other work. Stop it and run again, "
+                    "or pass --allow-busy (the timing cells' hardware line then shows the load)")
+        time.sleep(5)
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__)
-        return 2
-    for path in notebooks_in(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="Files or folders of notebooks; see the module docstring.")
+    parser.add_argument("paths", nargs="+", help="notebooks, or folders of them")
+    parser.add_argument("--allow-busy", action="store_true", help="run even when the machine is not idle")
+    options = parser.parse_args(argv)
+    for path in notebooks_in(options.paths):
+        if not path.exists():
+            print(f"{path}: no such notebook", file=sys.stderr)
+            return 2
+        busy = None if options.allow_busy else wait_until_idle()
+        if busy:
+            print(f"{path}: not executed: {busy}", file=sys.stderr)
+            return 1
+        load_before = os.getloadavg()[0]
         seconds = execute(path)
-        print(f"{path}: executed in {seconds:.1f} s")
+        print(f"{path}: executed in {seconds:.1f} s (load average {load_before:.1f} when it started)")
     return 0
 
 
