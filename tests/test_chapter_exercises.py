@@ -86,7 +86,7 @@ STOPPED_BY = {
     ("01_collectives", "wrong_measurement_routes"): [
         "MeasurementRefused: the ranks wrote",  # the built-in all-reduce, hidden, its bytes shaped with /dev/null
         "every rank must receive the other 3 ranks' tensors",  # gathered through /dev/shm, padded with a file
-        "rank 0 raised ResultTooLarge",  # a 2 GiB result, after a fork bomb
+        "rank 0 raised ResultTooLarge",  # a 512 MiB result, after a fork bomb
     ],
     ("08_zero_fsdp", "wrong_helper_holds_memory"): [
         "a rank's peak memory: grew by",  # sharded in the rank, 4x the parameters held by a forked helper
