@@ -126,6 +126,10 @@ _PROGRESS_FILE_VARIABLE = "COURSE_PROGRESS_FILE"
 # ("... is not on the expected device ..."), on a machine without one. Nothing else changes:
 # choose_backend still gives gloo, which cannot carry meta tensors.
 _FAKE_DEVICE_VARIABLE = "COURSE_FAKE_DEVICE"
+# Set in every rank of a launch: launch shows each rank all of the GPUs the notebook sees, so one
+# visible GPU there is the notebook's, shared by every rank (a session that exported
+# CUDA_VISIBLE_DEVICES=0), never a GPU of the rank's own.
+_SEES_ALL_GPUS_VARIABLE = "COURSE_RANK_SEES_ALL_GPUS"
 # A timeout stretches (by the ranks' wait for a CPU) to at most this many times itself.
 _MAX_STRETCH = 10
 
@@ -346,7 +350,10 @@ def rank_gpu():
     GPUs and takes ``cuda:LOCAL_RANK`` (``launch``, torchrun's default), or each rank sees only
     its own, as ``cuda:0`` (CUDA_VISIBLE_DEVICES set per rank: ``srun --gpus-per-task=1``,
     ``torchrun --virtual-local-rank``). The script ``write_torchrun_script`` writes applies the
-    same rule (a test holds the two together).
+    same rule (a test holds the two together). ``launch`` always shows every rank all of the
+    notebook's GPUs, so in its ranks one visible GPU is shared (CUDA_VISIBLE_DEVICES=0 exported
+    for the whole session): the ranks of a bigger launch stay on the CPU. Under torchrun the two
+    look the same to a rank: there, export no single GPU for several processes on one node.
     """
     import torch
 
@@ -355,8 +362,8 @@ def rank_gpu():
     visible = torch.cuda.device_count()
     if visible >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):  # all of the node's GPUs
         return int(os.environ.get("LOCAL_RANK", "0"))
-    if visible == 1 and os.environ.get("CUDA_VISIBLE_DEVICES"):  # this rank's own GPU only
-        return 0
+    if visible == 1 and os.environ.get("CUDA_VISIBLE_DEVICES") and not os.environ.get(_SEES_ALL_GPUS_VARIABLE):
+        return 0  # this rank's own GPU only
     return None  # fewer GPUs than ranks, all visible to all: the ranks would have to share them
 
 
@@ -777,6 +784,7 @@ def _set_torchrun_environment(spec: _WorkerSpec) -> None:
         MASTER_PORT=str(spec.master_port),
         OMP_NUM_THREADS=str(spec.threads),
     )
+    os.environ[_SEES_ALL_GPUS_VARIABLE] = "1"
     os.environ[_PROGRESS_FILE_VARIABLE] = spec.progress_path
     loopback = _loopback_interface()
     if loopback:  # one machine: keep gloo on loopback, whatever the hostname resolves to
@@ -1110,6 +1118,24 @@ def _read_text(path: str) -> str:
         return ""
 
 
+def _placement_line(world_size: int, backend: str | None) -> str | None:
+    """Where a launch's ranks run, in a line, on a machine with a GPU (None without one: every rank
+    is on the CPU, as on a laptop). The same rule as rank_gpu(): a GPU per rank, or none."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        return None
+    ranks = f"{world_size} rank{'s' if world_size > 1 else ''}"
+    if gpus >= world_size:
+        places = "on cuda:0" if world_size == 1 else f"each on a GPU of its own (cuda:0 to cuda:{world_size - 1})"
+        group = "CUDA tensors over NCCL, CPU tensors over gloo" if backend and "nccl" in backend else \
+            f"the group is {backend or 'made by fn'}"
+        return f"{ranks} {places}: {group}"
+    return (f"{ranks} on the CPU (gloo): {gpus} GPU{'s' if gpus > 1 else ''} for {world_size} ranks, "
+            "so no rank takes one (rank_device() is the CPU)")
+
+
 def _print_transcript(out_paths, err_paths, world_size) -> None:
     """Each rank's output, in rank order, each line prefixed with its rank."""
     for stream, paths in ((sys.stdout, out_paths), (sys.stderr, err_paths)):
@@ -1335,6 +1361,9 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         for conn in result_conns + release_conns:
             conn.close()
         if show_output:
+            placement = _placement_line(world_size, backend)
+            if placement:
+                print(placement)
             _print_transcript(paths["out"], paths["err"], world_size)
         port_holder.close()
         for path in sum(paths.values(), []):

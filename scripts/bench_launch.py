@@ -1,6 +1,6 @@
 """How long from "launch" to results, for a 4-rank all_reduce, three ways, side by side.
 
-    python scripts/bench_launch.py [--world-size 4] [--repeats 5]
+    python scripts/bench_launch.py [--world-size 4] [--repeats 5] [--first-launch]
 
 1. course_lib.launch (what every chapter uses): the first launch in a fresh Jupyter
    kernel (right after `import course_lib`, server start included) and the median of
@@ -73,6 +73,7 @@ def time_course_launch(world_size: int) -> float:
 FIRST_LAUNCH_CELLS = [
     "import torch, torch.distributed as dist\nfrom course_lib import launch",
     "import time\n"
+    "time.sleep({pause})  # a learner reading the first cells while the launch server starts\n"
     "def all_reduce_once():\n"
     "    tensor = torch.tensor([float(dist.get_rank())])\n"
     "    dist.all_reduce(tensor)\n"
@@ -83,12 +84,14 @@ FIRST_LAUNCH_CELLS = [
 ]
 
 
-def time_first_launch_in_a_kernel(world_size: int) -> float:
-    """A learner's first launch: a fresh kernel imports the course, the next cell launches at once."""
+def time_first_launch_in_a_kernel(world_size: int, pause: float = 0.0) -> float:
+    """A learner's first launch: a fresh kernel imports the course, the next cell launches after
+    ``pause`` seconds (0: at once, while the launch server is still importing torch)."""
     import nbformat
     from nbclient import NotebookClient
 
-    cells = [nbformat.v4.new_code_cell(source.format(world_size=world_size)) for source in FIRST_LAUNCH_CELLS]
+    cells = [nbformat.v4.new_code_cell(source.format(world_size=world_size, pause=pause))
+             for source in FIRST_LAUNCH_CELLS]
     notebook = nbformat.v4.new_notebook(cells=cells)
     NotebookClient(notebook, timeout=180, kernel_name="python3").execute()
     return float(notebook.cells[1].outputs[0]["text"])
@@ -135,6 +138,26 @@ def time_accelerate(world_size: int) -> float | None:
     return None
 
 
+def time_import_torch() -> float:
+    """A fresh interpreter's ``import torch`` (CUDA libraries included where the build has them)."""
+    import subprocess
+    import sys
+
+    code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def first_launch_breakdown(world_size: int) -> None:
+    """Where a learner's first launch spends its time: torch's import (which the launch server
+    does once per kernel), and the first launch with and without the server already started."""
+    for label, measure in [("import torch, fresh interpreter", time_import_torch),
+                           ("first launch, right after import", lambda: time_first_launch_in_a_kernel(world_size)),
+                           ("first launch, 8 s after import", lambda: time_first_launch_in_a_kernel(world_size, 8))]:
+        values = [measure() for _ in range(3)]
+        print(f"{label:34} {statistics.median(values):7.3f} s   (median of 3: "
+              f"{', '.join(f'{t:.2f}' for t in values)})", flush=True)
+
+
 def interleaved_medians(measures: dict, world_size: int, repeats: int) -> tuple[dict, dict]:
     """Median time of each way, and how many of its launches hung.
 
@@ -158,13 +181,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--first-launch", action="store_true",
+                        help="only where the first launch in a fresh kernel spends its time")
     options = parser.parse_args()
     n, repeats = options.world_size, options.repeats
-    print(f"{n}-rank all_reduce, median of {repeats} (mp.spawn: {max(2, repeats // 2)}) after one warm-up each; "
-          "launch and accelerate take turns")
     print(f"machine: {platform.machine()}, {available_cpus()} cores, torch {torch.__version__}, "
           f"Python {platform.python_version()}")
 
+    if options.first_launch:
+        first_launch_breakdown(n)
+        return
+    print(f"{n}-rank all_reduce, median of {repeats} (mp.spawn: {max(2, repeats // 2)}) after one warm-up each; "
+          "launch and accelerate take turns")
     quick = {"launch": time_course_launch}
     try:
         import accelerate  # noqa: F401

@@ -1,6 +1,6 @@
 """The course's GPU path, checked on a machine with a GPU, in one command.
 
-Usage: .venv/bin/python scripts/gpu_check.py [--skip-notebooks]
+Usage: .venv/bin/python scripts/gpu_check.py [--skip-notebooks] [--jobs N] [--log FILE]
 
 CI has no GPU, so what only a GPU can show is checked here, by a maintainer who has one:
 
@@ -10,9 +10,12 @@ CI has no GPU, so what only a GPU can show is checked here, by a maintainer who 
 3. FSDP2 (fully_shard) on the GPU(s) == one CPU process (float64, 5 steps);
 4. autocast("cuda", float16): a linear layer's output is fp16, softmax's fp32; GradScaler skips a
    step whose gradients overflow and halves its scale;
-5. the torchrun script that run_torchrun writes, on one process: cuda:0 and NCCL;
-6. every lesson and solution notebook under ``pytest --nbval-lax`` with the GPU visible (the long
-   part: about as long as the notebooks take on the CPU; --skip-notebooks leaves it out).
+5. a 4-rank launch: a GPU per rank where there are 4, else every rank on the CPU, and its output
+   begins with a line saying which; with CUDA_VISIBLE_DEVICES=0 exported, all on the CPU too;
+6. the torchrun script that run_torchrun writes, on one process: cuda:0 and NCCL;
+7. every lesson and solution notebook under ``pytest --nbval-lax`` with the GPU visible (the long
+   part: about as long as the notebooks take on the CPU; --jobs N runs N notebooks side by side,
+   --log FILE keeps pytest's whole report, --skip-notebooks leaves it out).
 
 It ends with a summary (date, GPU, torch, each check) to quote in the README's platform table.
 Without a GPU it says so and exits 0: nothing is checked.
@@ -125,6 +128,14 @@ def rank_fsdp2():
     return {"device": str(device), "params": _flat(p.full_tensor() for p in model.parameters())}
 
 
+def rank_placement():
+    import torch.distributed as dist
+
+    from course_lib.launcher import rank_device
+
+    return str(rank_device()), str(dist.get_backend())
+
+
 def torchrun_rank():
     import torch.distributed as dist
 
@@ -209,6 +220,37 @@ def check_autocast():
     return "linear fp16, softmax fp32; an inf step skipped, scale 65536 -> 32768"
 
 
+def check_four_ranks():
+    """Four ranks: a GPU each where there are four, else all on the CPU, and the output says which;
+    with CUDA_VISIBLE_DEVICES=0 exported for the session, the one GPU is shared: the CPU again."""
+    import contextlib
+    import io
+
+    import torch
+
+    from course_lib import launch
+
+    gpus = torch.cuda.device_count()
+    expected = [(f"cuda:{rank}", "cpu:gloo,cuda:nccl") if gpus >= 4 else ("cpu", "gloo") for rank in range(4)]
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        placed = launch(rank_placement, world_size=4, timeout=120)
+    _expect([tuple(p) for p in placed] == expected, f"4 ranks placed {placed}, expected {expected}")
+    header = shown.getvalue().splitlines()[0]
+    _expect(header.startswith("4 ranks "), f"the launch's output begins {header!r}, not with where its ranks ran")
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    try:
+        shared = launch(rank_placement, world_size=4, timeout=120, show_output=False)
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+    _expect([tuple(p) for p in shared] == [("cpu", "gloo")] * 4, f"with CUDA_VISIBLE_DEVICES=0: {shared}")
+    return f"header {header!r}; with CUDA_VISIBLE_DEVICES=0 exported, all 4 on the CPU (gloo)"
+
+
 def check_torchrun():
     from course_lib.torchrun import run_torchrun
 
@@ -218,11 +260,17 @@ def check_torchrun():
     return f"torchrun, 1 process: {result['device']}, group {result['backend']}"
 
 
-def check_notebooks():
+def check_notebooks(jobs=1, log=None):
     command = [sys.executable, "-m", "pytest", "notebooks", "solutions", "--nbval-lax", "--nbval-current-env",
-               "--nbval-sanitize-with", "nbval_sanitize.cfg", "--nbval-cell-timeout=600", "-p", "no:randomly", "-q"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    tail = [line for line in done.stdout.splitlines() if line.strip()][-25:]
+               "--nbval-sanitize-with", "nbval_sanitize.cfg", "--nbval-cell-timeout=600", "-p", "no:randomly",
+               "-v" if log else "-q", "--durations=25"]
+    if jobs > 1:  # a notebook's cells share one kernel, so a notebook stays on one worker
+        command += ["-n", str(jobs), "--dist", "loadfile"]
+    with open(log or os.devnull, "w", encoding="utf-8") as report:  # written as it runs: a killed run keeps it
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE if not log else report,
+                              stderr=subprocess.STDOUT, text=True)
+    output = Path(log).read_text(encoding="utf-8") if log else done.stdout
+    tail = [line for line in output.splitlines() if line.strip()][-60:]
     summary = tail[-1] if tail else "(no output)"
     if done.returncode != 0:
         failed = [line for line in tail if line.startswith("FAILED")]
@@ -232,12 +280,15 @@ def check_notebooks():
 
 CHECKS = [("one-rank launch, NCCL and gloo", check_one_rank_nccl), ("DDP on CUDA == CPU", check_ddp),
           ("FSDP2 on CUDA == CPU", check_fsdp2), ("autocast and GradScaler on CUDA", check_autocast),
-          ("torchrun script on the GPU", check_torchrun), ("notebooks with the GPU visible", check_notebooks)]
+          ("four ranks, where they run", check_four_ranks), ("torchrun script on the GPU", check_torchrun),
+          ("notebooks with the GPU visible", check_notebooks)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-notebooks", action="store_true", help="leave out the nbval run of every notebook")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks run side by side (pytest-xdist), default 1")
+    parser.add_argument("--log", help="write pytest's whole report of the notebooks to this file")
     options = parser.parse_args(argv)
     import torch
 
@@ -255,7 +306,8 @@ def main(argv=None) -> int:
             continue
         started = time.perf_counter()
         try:
-            line, status = check(), "passed"
+            line = check(options.jobs, options.log) if check is check_notebooks else check()
+            status = "passed"
         except Exception as exc:  # noqa: BLE001 - every check runs, the summary says which failed
             line, status = f"{type(exc).__name__}: {exc}", "FAILED"
         results.append((name, status, f"{line} ({time.perf_counter() - started:.0f} s)"))

@@ -193,3 +193,53 @@ def test_the_script_picks_nccl_and_the_device_in_every_gpu_layout(layout, tmp_pa
     assert backends == ["gloo" if expected_gpu is None else "cpu:gloo,cuda:nccl"]
     assert devices == ([] if expected_gpu is None else [expected_gpu])
     assert capfd.readouterr().out == f"[rank {local_rank}] returned 1\n"
+
+
+def _rank_gpu_on_one_gpu_machine():
+    """In a rank: rank_gpu() as on a machine with one GPU (CI has none), and rank_device()'s answer."""
+    import torch
+
+    from course_lib.launcher import rank_gpu
+
+    torch.cuda.is_available, torch.cuda.device_count = (lambda: True), (lambda: 1)
+    return rank_gpu()
+
+
+@pytest.mark.parametrize("world_size, expected", [(1, [0]), (3, [None] * 3)])
+def test_a_session_wide_cuda_visible_devices_keeps_a_launchs_ranks_off_the_shared_gpu(world_size, expected,
+                                                                                      monkeypatch):
+    """A learner who exported CUDA_VISIBLE_DEVICES=0 has one GPU for the whole session: a one-rank
+    launch takes it, the ranks of a bigger launch all stay on the CPU (as choose_backend's gloo
+    expects), not every rank on cuda:0 as if each had a GPU of its own."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert launch(_rank_gpu_on_one_gpu_machine, world_size=world_size, init_process_group=False,
+                  show_output=False) == expected
+
+
+@pytest.mark.parametrize("gpus, world_size, backend, expected", [
+    (0, 4, "gloo", None),  # a laptop: nothing to say, every rank is on the CPU
+    (1, 4, "gloo", "4 ranks on the CPU (gloo): 1 GPU for 4 ranks, so no rank takes one (rank_device() is the CPU)"),
+    (1, 1, "cpu:gloo,cuda:nccl", "1 rank on cuda:0: CUDA tensors over NCCL, CPU tensors over gloo"),
+    (8, 4, "cpu:gloo,cuda:nccl", "4 ranks each on a GPU of its own (cuda:0 to cuda:3): CUDA tensors over NCCL, "
+                                 "CPU tensors over gloo"),
+])
+def test_a_launch_on_a_gpu_machine_says_where_its_ranks_run(gpus, world_size, backend, expected, monkeypatch):
+    from course_lib.launcher import _placement_line
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert _placement_line(world_size, backend) == expected
+
+
+def _hello():
+    print("hello")
+
+
+def test_the_placement_line_heads_a_launchs_output(monkeypatch, capsys):
+    """One GPU, four ranks: the output begins with where the ranks ran (choose_backend sees the same GPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    launch(_hello, world_size=4)
+    assert capsys.readouterr().out.splitlines() == [
+        "4 ranks on the CPU (gloo): 1 GPU for 4 ranks, so no rank takes one (rank_device() is the CPU)",
+        *[f"[rank {rank}] hello" for rank in range(4)]]
