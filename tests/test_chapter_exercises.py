@@ -88,6 +88,12 @@ STOPPED_BY = {
         "every rank must receive the other 3 ranks' tensors",  # gathered through /dev/shm, padded with a file
         "rank 0 raised ResultTooLarge",  # a 512 MiB result, after a fork bomb
     ],
+    # Rules judged on data the checks compare with their own inputs (not on a rank's word about itself).
+    ("01_collectives", "wrong_forgotten_return_and_replaced_parameters"): [
+        "rank 0's return value: is None, not a tensor",  # summed in place, returned nothing
+        "rank 0's element 0 vs rank 0's input",  # one buffer appended four times
+        "the parameter object the model had before your function",  # the right mean, in new Parameters
+    ],
     ("08_zero_fsdp", "wrong_helper_holds_memory"): [
         "a rank's peak memory: grew by",  # sharded in the rank, 4x the parameters held by a forked helper
     ],
