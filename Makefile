@@ -10,6 +10,7 @@
 #   make notebook NB=notebooks/01_collectives.ipynb   nbval over one notebook
 #   make execute             re-execute and store every lesson and solution notebook (authors)
 #   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
+#   make lock                regenerate requirements.lock, the versions every install uses (maintainers)
 #   make site                the executed lessons as static HTML in site/ (index = this README)
 #   make browser-deps        Playwright + Chromium, so `make test` also runs every lesson in a real browser
 #   make hub                 JupyterHub for a class on this server (README: "Hosting a class"), HUB_PORT=8000
@@ -27,15 +28,15 @@ NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
+.PHONY: lock setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt jupyter/overrides.json jupyter/ipython_kernel_config.py
+$(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.json jupyter/ipython_kernel_config.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
-	  $(PY) -m pip install -c constraints.txt torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
-	$(PY) -m pip install -c constraints.txt -e ".[test]"
+	  $(PY) -m pip install -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
+	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[test]"
 	$(PY) -c "import torch, torchvision; print('torch', torch.__version__, '| torchvision', torchvision.__version__)"
 	@# nbgrader is here only for its notebook preprocessors (exercises, grading): keep its
 	@# course-management menus and server extensions out of the learners' JupyterLab.
@@ -53,6 +54,15 @@ $(STAMP): pyproject.toml constraints.txt jupyter/overrides.json jupyter/ipython_
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ROOT)
+
+# requirements.lock: every distribution of every extra, for every platform, from pyproject.toml and
+# constraints.txt. Existing pins stay; `make lock UPGRADE=--upgrade` moves them all to the newest.
+UV_VERSION := 0.13.9
+lock:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra browser --extra hub -c constraints.txt \
+	  --universal --python-version 3.11.5 --custom-compile-command "make lock" $(UPGRADE) -o requirements.lock
 
 lab-server: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip=127.0.0.1 --port=8888 $(LAB_ROOT)
@@ -107,7 +117,7 @@ test: $(STAMP)
 # The browser test's needs (tests/test_browser.py skips without them): Playwright from PyPI
 # and a Chromium; as root on Debian/Ubuntu this installs the distribution's chromium package.
 browser-deps: $(STAMP)
-	$(PY) -m pip install -c constraints.txt -e ".[browser]"
+	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[browser]"
 	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then echo "Chromium found"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
@@ -125,8 +135,8 @@ HUB_STAMP := $(VENV)/hub/.installed
 
 hub-deps: $(HUB_STAMP)
 
-$(HUB_STAMP): $(STAMP) pyproject.toml constraints.txt
-	$(PY) -m pip install -c constraints.txt -e ".[hub]"
+$(HUB_STAMP): $(STAMP) pyproject.toml constraints.txt requirements.lock
+	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[hub]"
 	npm install --prefix $(VENV)/hub --no-fund --no-audit --loglevel=error configurable-http-proxy@$(CHP_VERSION)
 	@touch $(HUB_STAMP)
 

@@ -21,7 +21,7 @@ def environment_yml_requirements() -> set[str]:
     lines = (REPO / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:") + 1
     pip_lines = [line.strip()[2:] for line in lines[start:] if re.match(r"^\s{6}- ", line)]
-    return {str(Requirement(req)) for req in pip_lines if not req.startswith("-e")}
+    return {str(Requirement(req)) for req in pip_lines if not req.startswith(("-e", "-c"))}
 
 
 def test_environment_yml_and_pyproject_list_the_same_packages():
@@ -55,3 +55,44 @@ def test_torch_and_torchvision_import_together():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO / ".ci" / "run").read_text()
     assert "make test" in (REPO / "README.md").read_text()
+
+
+# Installed, but not by the lock: the course itself (pip install -e .), the installer, and the tool
+# `make lock` runs (installed by that target only).
+NOT_LOCKED = {"course-lib", "pip", "uv"}
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked_versions() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate():
+                pins[_normalised(requirement.name)] = str(next(iter(requirement.specifier)).version)
+    return pins
+
+
+def test_every_installed_distribution_is_the_locked_version():
+    """make setup, browser-deps and hub-deps install from requirements.lock: nothing in the course's
+    environment may come from anywhere else, at any other version."""
+    from importlib.metadata import distributions
+
+    pins = locked_versions()
+    installed = {_normalised(d.metadata["Name"]): d.version for d in distributions()}
+    unlocked = sorted(set(installed) - set(pins) - NOT_LOCKED)
+    assert not unlocked, f"installed but not in requirements.lock (run `make lock`): {unlocked}"
+    different = {name: (version, pins[name]) for name, version in installed.items()
+                 if name in pins and Version(version).public != Version(pins[name]).public}  # 2.15.0+cpu is 2.15.0
+    assert not different, f"installed version differs from requirements.lock's: {different}"
+
+
+def test_the_lock_holds_the_hand_chosen_pins():
+    pins = locked_versions()
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            pin = Requirement(line)
+            assert Version(pins[_normalised(pin.name)]) == Version(str(next(iter(pin.specifier)).version)), line
