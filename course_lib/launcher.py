@@ -64,6 +64,7 @@ bounds each cell by wall time and sets its own number of jobs.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import faulthandler
@@ -81,6 +82,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -915,7 +917,7 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
         _report(result_conn, (_RESULT_ERROR, type(exc).__name__, str(exc), _frames_of(exc)))
         os._exit(1)
     try:
-        payload = _data_payload(result) if spec.judged is not None else cloudpickle.dumps(result)
+        payload = _data_payload(result) if spec.judged is not None else _dumps(result)
     except Exception as exc:  # noqa: BLE001
         reason = (f"fn returned a {type(result).__name__} that cannot be sent back to the notebook "
                   f"({type(exc).__name__}: {exc}). Return plain Python values or tensors instead.")
@@ -1021,10 +1023,31 @@ def _without_main_module_import():
         spawn.get_preparation_data = original
 
 
+def _code_with_its_file(code):
+    """cloudpickle's reduction of a code object, with the file name it had. cloudpickle 3.1.3 and
+    later write "<dynamic-code>" instead (so that a pickle does not depend on where the code was
+    defined); the rank's traceback would then no longer say which notebook cell raised."""
+    constructor, args = cloudpickle.cloudpickle._code_reduce(code)
+    return constructor, tuple(code.co_filename if arg == "<dynamic-code>" else arg for arg in args)
+
+
+class CodeFilePickler(cloudpickle.CloudPickler):
+    """cloudpickle, keeping each function's file name (see _code_with_its_file)."""
+
+    dispatch_table = collections.ChainMap({types.CodeType: _code_with_its_file},
+                                          cloudpickle.CloudPickler.dispatch_table)
+
+
+def _dumps(obj) -> bytes:
+    buffer = io.BytesIO()
+    CodeFilePickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
 def _serialise_call(fn, args, kwargs) -> bytes:
     """Pickle fn and its arguments by value, as a worker in another process needs them."""
     try:
-        return cloudpickle.dumps((fn, tuple(args), kwargs))
+        return _dumps((fn, tuple(args), kwargs))
     except Exception as exc:  # noqa: BLE001 - pickling raises many types
         raise TypeError(
             f"fn or its arguments cannot be sent to the worker processes ({type(exc).__name__}: {exc}). "

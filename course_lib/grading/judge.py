@@ -37,8 +37,6 @@ import io
 import os
 import sys
 
-import cloudpickle
-
 from .. import launcher
 from .dumpable import make_non_dumpable
 
@@ -111,8 +109,8 @@ class AnswerRef:
         return f"<the learner's {self.name}>"
 
 
-class _AnswerPickler(cloudpickle.CloudPickler):
-    """cloudpickle, except that the learner's answers travel by name, never by value."""
+class _AnswerPickler(launcher.CodeFilePickler):
+    """cloudpickle (keeping code file names), except that the learner's answers travel by name, never by value."""
 
     def __init__(self, file, answers: dict[int, str]):
         super().__init__(file)
