@@ -11,6 +11,8 @@
 #   make execute             re-execute and store every lesson and solution notebook (authors)
 #   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
 #   make lock                regenerate requirements.lock, the versions every install uses (maintainers)
+#   make test-oldest         the library's tests and every notebook at the oldest versions pyproject.toml
+#                            allows (make test-latest: the newest), each in its own environment
 #   make site                the executed lessons as static HTML in site/ (index = this README)
 #   make browser-deps        Playwright + Chromium, so `make test` also runs every lesson in a real browser
 #   make hub                 JupyterHub for a class on this server (README: "Hosting a class"), HUB_PORT=8000
@@ -28,7 +30,7 @@ NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lock setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
+.PHONY: lock test-oldest test-latest test-range setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
 
 setup: $(STAMP)
 
@@ -145,6 +147,28 @@ hub: $(HUB_STAMP)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -v
+
+# The supported range's two ends, each in an environment of its own (.venv-oldest, .venv-latest):
+# every direct dependency at the lowest version pyproject.toml allows, or everything at the newest
+# there is. They run the library's tests and every lesson and solution under nbval-lax (the stored
+# outputs were made with requirements.lock's versions, so only errors and failed checks count; the
+# grading, browser, hub and Slurm tests stay with `make test`). Run both before each lock refresh.
+RANGE_TESTS := tests --ignore=tests/test_chapter_exercises.py --ignore=tests/test_browser.py \
+  --ignore=tests/test_hub.py --ignore=tests/test_slurm.py --ignore=tests/test_setup.py
+test-oldest:
+	$(MAKE) test-range RANGE=oldest RESOLUTION="--resolution lowest-direct"
+test-latest:
+	$(MAKE) test-range RANGE=latest RESOLUTION=--upgrade
+test-range:
+	@test -x .venv-$(RANGE)/bin/python || $(PYTHON) -m venv .venv-$(RANGE)
+	.venv-$(RANGE)/bin/python -m pip install -q uv==$(UV_VERSION)
+	.venv-$(RANGE)/bin/uv pip compile pyproject.toml --extra test $(RESOLUTION) --python .venv-$(RANGE)/bin/python \
+	  --no-header -q -o .venv-$(RANGE)/requirements.txt
+	.venv-$(RANGE)/bin/uv pip install -q --python .venv-$(RANGE)/bin/python -r .venv-$(RANGE)/requirements.txt -e .
+	.venv-$(RANGE)/bin/python -c "import torch, numpy, cloudpickle; print('$(RANGE): torch', torch.__version__, \
+	  '| numpy', numpy.__version__, '| cloudpickle', cloudpickle.__version__)"
+	$(TEST_ENV) COURSE_CPUS=$(TEST_CPUS) .venv-$(RANGE)/bin/python -m pytest $(RANGE_TESTS) $(NOTEBOOKS) \
+	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -n $(TEST_WORKERS) --dist loadfile -q
 
 notebooks: $(STAMP)
 	$(PY) -m pytest $(NOTEBOOKS) $(NBVAL) -v

@@ -94,6 +94,10 @@ def _prlimit() -> str:
     return shutil.which("prlimit") or "/usr/bin/prlimit"
 
 
+def _setsid() -> str:
+    return shutil.which("setsid") or "/usr/bin/setsid"
+
+
 def sandbox_problem() -> str | None:
     """Why a sandbox cannot be made here (None when it can): tried for real, once."""
     if not sys.platform.startswith("linux"):
@@ -302,12 +306,16 @@ class Sandbox:
         """A program that runs ``python ARGS...`` inside this sandbox (what the launch server starts with).
 
         Its errors (bwrap's own, the launch server's) go to a file of the sandbox's folder outside,
-        which the judge quotes when the sandbox cannot start."""
+        which the judge quotes when the sandbox cannot start. It runs in a session of its own
+        (``setsid``, which execs without forking: the pid stays bwrap's): jupyter_client interrupts a
+        kernel whose cell ran out of time by signalling the kernel's whole process group (with
+        ipykernel 6, whose kernels take interrupts as signals), and one learner's hanging cell must not
+        end the sandbox, and the grades, of the batch-mates after it."""
         limits = [f"--nproc={self._process_rlimit()}", f"--fsize={FILE_SIZE_LIMIT_BYTES}", f"--cpu={CPU_SECONDS_LIMIT}",
                   "--core=0"]
         script = self.folder / "enter"
         script.write_text("#!/bin/sh\n" + (self.cgroups.join_command() if self.cgroups else "")
-                          + f"exec {shlex.join([_prlimit(), *limits, '--', *self.bwrap_arguments(), python])} \"$@\""
+                          + f"exec {shlex.join([_setsid(), _prlimit(), *limits, '--', *self.bwrap_arguments(), python])} \"$@\""
                           + f" 2>>{shlex.quote(str(self.errors))}\n")
         script.chmod(0o700)
         return str(script)
@@ -331,7 +339,8 @@ class Sandbox:
         ``server`` (a multiprocessing ForkServer): watch its memory from now on."""
         self.pid, self.server = pid, server
         try:
-            if self.cgroups is not None and self._joined_cgroups(pid) is False:
+            if self.cgroups is not None and self._joined_cgroups(pid) is False and not _has_exited(pid):
+                # (exited: bwrap could not make the sandbox, and _wait_for_the_server quotes why)
                 raise SandboxUnavailable(f"the sandbox's first process ({pid}) is not in its cgroups "
                                          f"{self.cgroups.dirs}: its limits on processes and memory would not hold; "
                                          "not grading without them" + self._errors_said())
