@@ -337,12 +337,19 @@ def choose_backend(world_size: int) -> str:
     The per-device form ``"cpu:gloo,cuda:nccl"`` lets the same cell run on a laptop
     and on a GPU machine: chapters build CPU tensors, which an NCCL-only group rejects.
     """
-    import torch
     import torch.distributed as dist
 
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
+    if _visible_gpus() >= world_size and dist.is_nccl_available():
         return "cpu:gloo,cuda:nccl"
     return "gloo"
+
+
+def _visible_gpus() -> int:
+    """The GPUs this process sees (0 without CUDA): what choose_backend, rank_gpu and a launch's
+    placement line count."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def rank_gpu():
@@ -357,11 +364,9 @@ def rank_gpu():
     for the whole session): the ranks of a bigger launch stay on the CPU. Under torchrun the two
     look the same to a rank: there, export no single GPU for several processes on one node.
     """
-    import torch
-
-    if not torch.cuda.is_available():
+    visible = _visible_gpus()
+    if visible == 0:
         return None
-    visible = torch.cuda.device_count()
     if visible >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):  # all of the node's GPUs
         return int(os.environ.get("LOCAL_RANK", "0"))
     if visible == 1 and os.environ.get("CUDA_VISIBLE_DEVICES") and not os.environ.get(_SEES_ALL_GPUS_VARIABLE):
@@ -1144,9 +1149,7 @@ def _read_text(path: str) -> str:
 def _placement_line(world_size: int, backend: str | None) -> str | None:
     """Where a launch's ranks run, in a line, on a machine with a GPU (None without one: every rank
     is on the CPU, as on a laptop). The same rule as rank_gpu(): a GPU per rank, or none."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = _visible_gpus()
     if gpus == 0:
         return None
     ranks = f"{world_size} rank{'s' if world_size > 1 else ''}"

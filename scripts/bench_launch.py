@@ -24,6 +24,8 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
+import sys
 import time
 
 import psutil
@@ -140,9 +142,6 @@ def time_accelerate(world_size: int) -> float | None:
 
 def time_import_torch() -> float:
     """A fresh interpreter's ``import torch`` (CUDA libraries included where the build has them)."""
-    import subprocess
-    import sys
-
     code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 

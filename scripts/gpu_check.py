@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -238,15 +239,8 @@ def check_four_ranks():
     _expect([tuple(p) for p in placed] == expected, f"4 ranks placed {placed}, expected {expected}")
     header = shown.getvalue().splitlines()[0]
     _expect(header.startswith("4 ranks "), f"the launch's output begins {header!r}, not with where its ranks ran")
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = "0"
-    try:
+    with mock.patch.dict(os.environ, CUDA_VISIBLE_DEVICES="0"):  # launch sends the kernel's variables
         shared = launch(rank_placement, world_size=4, timeout=120, show_output=False)
-    finally:
-        if before is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
     _expect([tuple(p) for p in shared] == [("cpu", "gloo")] * 4, f"with CUDA_VISIBLE_DEVICES=0: {shared}")
     return f"header {header!r}; with CUDA_VISIBLE_DEVICES=0 exported, all 4 on the CPU (gloo)"
 
@@ -266,10 +260,13 @@ def check_notebooks(jobs=1, log=None):
                "-v" if log else "-q", "--durations=25"]
     if jobs > 1:  # a notebook's cells share one kernel, so a notebook stays on one worker
         command += ["-n", str(jobs), "--dist", "loadfile"]
-    with open(log or os.devnull, "w", encoding="utf-8") as report:  # written as it runs: a killed run keeps it
-        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE if not log else report,
-                              stderr=subprocess.STDOUT, text=True)
-    output = Path(log).read_text(encoding="utf-8") if log else done.stdout
+    if log:  # written as it runs: a run killed at a time limit keeps it
+        with open(log, "w", encoding="utf-8") as report:
+            done = subprocess.run(command, cwd=ROOT, stdout=report, stderr=subprocess.STDOUT)
+        output = Path(log).read_text(encoding="utf-8")
+    else:
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output = done.stdout
     tail = [line for line in output.splitlines() if line.strip()][-60:]
     summary = tail[-1] if tail else "(no output)"
     if done.returncode != 0:

@@ -6,6 +6,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,14 +33,21 @@ def test_environment_yml_and_pyproject_list_the_same_packages():
     )
 
 
-def test_pinned_versions_satisfy_the_supported_ranges_and_are_installed():
-    ranges = {Requirement(r).name: Requirement(r).specifier for r in pyproject_requirements()}
+def hand_pins() -> dict[str, Version]:
+    """constraints.txt: the versions pinned by hand."""
+    pins = {}
     for line in (REPO / "constraints.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             pin = Requirement(line)
-            pinned = Version(str(next(iter(pin.specifier)).version))
-            assert pinned in ranges[pin.name], f"{line} is outside pyproject's {ranges[pin.name]}"
-            assert Version(version(pin.name)).release == pinned.release, f"installed {pin.name} differs from {line}"
+            pins[pin.name] = Version(str(next(iter(pin.specifier)).version))
+    return pins
+
+
+def test_pinned_versions_satisfy_the_supported_ranges_and_are_installed():
+    ranges = {Requirement(r).name: Requirement(r).specifier for r in pyproject_requirements()}
+    for name, pinned in hand_pins().items():
+        assert pinned in ranges[name], f"{name}=={pinned} is outside pyproject's {ranges[name]}"
+        assert Version(version(name)).release == pinned.release, f"installed {name} differs from {pinned}"
 
 
 def test_torch_and_torchvision_import_together():
@@ -62,17 +70,13 @@ def test_ci_runs_the_readme_test_command():
 NOT_LOCKED = {"course-lib", "pip", "uv"}
 
 
-def _normalised(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def locked_versions() -> dict[str, str]:
     pins = {}
     for line in (REPO / "requirements.lock").read_text().splitlines():
         if line and not line.startswith((" ", "#")):
             requirement = Requirement(line)
             if requirement.marker is None or requirement.marker.evaluate():
-                pins[_normalised(requirement.name)] = str(next(iter(requirement.specifier)).version)
+                pins[canonicalize_name(requirement.name)] = str(next(iter(requirement.specifier)).version)
     return pins
 
 
@@ -82,7 +86,7 @@ def test_every_installed_distribution_is_the_locked_version():
     from importlib.metadata import distributions
 
     pins = locked_versions()
-    installed = {_normalised(d.metadata["Name"]): d.version for d in distributions()}
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
     unlocked = sorted(set(installed) - set(pins) - NOT_LOCKED)
     assert not unlocked, f"installed but not in requirements.lock (run `make lock`): {unlocked}"
     different = {name: (version, pins[name]) for name, version in installed.items()
@@ -91,8 +95,6 @@ def test_every_installed_distribution_is_the_locked_version():
 
 
 def test_the_lock_holds_the_hand_chosen_pins():
-    pins = locked_versions()
-    for line in (REPO / "constraints.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            pin = Requirement(line)
-            assert Version(pins[_normalised(pin.name)]) == Version(str(next(iter(pin.specifier)).version)), line
+    locked = locked_versions()
+    for name, pinned in hand_pins().items():
+        assert Version(locked[canonicalize_name(name)]) == pinned, f"{name}=={pinned}"
