@@ -1,6 +1,7 @@
 """The course's set-up files agree with each other and with what is installed."""
 
 import re
+import sysconfig
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -80,13 +81,21 @@ def locked_versions() -> dict[str, str]:
     return pins
 
 
+def installed_distributions():
+    """What pip installed into this environment: its site-packages only. sys.path is no guide, since
+    importing setuptools appends setuptools/_vendor (its private copies of wheel, zipp, tomli, ...) to
+    it, and whether anything imported setuptools first depends on which tests ran before."""
+    from importlib.metadata import distributions
+
+    site_packages = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    return distributions(path=site_packages)
+
+
 def test_every_installed_distribution_is_the_locked_version():
     """make setup, browser-deps and hub-deps install from requirements.lock: nothing in the course's
     environment may come from anywhere else, at any other version."""
-    from importlib.metadata import distributions
-
     pins = locked_versions()
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in installed_distributions()}
     unlocked = sorted(set(installed) - set(pins) - NOT_LOCKED)
     assert not unlocked, f"installed but not in requirements.lock (run `make lock`): {unlocked}"
     different = {name: (version, pins[name]) for name, version in installed.items()
