@@ -1698,6 +1698,31 @@ class _Waiter:
             network = self._check_where_bytes_went()
             for measured in self.measurements:  # a total, the same for every rank
                 measured["network_bytes"] = network
+        if self.counts_bytes:
+            sent, to_others = self._rank_flows()
+            for rank, measured in enumerate(self.measurements):
+                measured["sent_to"] = sent[rank] if sent is not None else None
+                measured["sent_to_others"] = to_others[rank] if to_others is not None else None
+
+    def _rank_flows(self):
+        """Bytes per ordered pair of ranks over TCP, read from the kernel while every rank waits to be
+        released (course_lib.grading.tcp_flows); (None, None) where that cannot be read (not Linux, or
+        outside a sandbox where sock_diag is refused). In a sandbox, unreadable counts refuse the check."""
+        if not sys.platform.startswith("linux"):
+            return None, None
+        from .grading.tcp_flows import diag_socket, rank_flows
+
+        pids = [proc.pid for proc in self.procs]
+        if self.sandbox is None:  # a learner's own check, or --no-sandbox: a container may forbid sock_diag
+            try:
+                with diag_socket() as diag:
+                    return rank_flows(diag, pids)
+            except OSError:
+                return None, None  # the check says the byte rule was skipped
+        try:
+            return rank_flows(self.sandbox.tcp_diag(), pids)
+        except (OSError, LookupError) as exc:
+            raise MeasurementRefused(f"the bytes between the ranks could not be read ({exc})") from None
 
     def _check_where_bytes_went(self) -> int:
         """Bytes the ranks wrote cannot be more than the sandbox's loopback carried, give or take headers:
@@ -1749,7 +1774,8 @@ class _Waiter:
         peak = max(int(status.get("VmHWM", "0 kB").split()[0]) * 1024, self.sampled_rss[rank])
         # In a sandbox a rank's helpers count as its own: memory held by another process is still held.
         return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak + self.helper_peak,
-                "network_bytes": None}  # set by _measure_all in a sandbox
+                "network_bytes": None,  # set by _measure_all in a sandbox
+                "sent_to": None, "sent_to_others": None}  # set by _measure_all when the check counts bytes
 
     def _died(self, rank) -> WorkerError:
         proc = self.procs[rank]

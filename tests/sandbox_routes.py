@@ -195,6 +195,29 @@ def exits_before_measured():
 outcome("exits_early", learner.launch, exits_before_measured, 2, measure=True)
 
 
+def broadcasts_from_every_rank(mine):
+    for source in range(dist.get_world_size()):
+        buffer = mine.clone() if source == dist.get_rank() else torch.empty_like(mine)
+        dist.broadcast(buffer, src=source)
+    return dist.get_rank()
+
+
+def all_gather_hidden_from_the_rank(mine):
+    # The built-in all-gather, out of reach of any log kept in the rank (dispatch modes are off).
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        dist.all_gather([torch.empty_like(mine) for _ in range(dist.get_world_size())], mine)
+    return dist.get_rank()
+
+
+FLOW_INPUTS = [(torch.full((1 << 16,), float(r)),) for r in range(4)]  # 256 KiB a rank
+outcome("broadcast_flows", learner.launch, broadcasts_from_every_rank, 4, rank_args=FLOW_INPUTS, measure=True)
+outcome("hidden_all_gather_flows", learner.launch, all_gather_hidden_from_the_rank, 4, rank_args=FLOW_INPUTS,
+        measure=True)
+outcome("reference_broadcast_flows", learner.reference_flows, broadcasts_from_every_rank, 4, FLOW_INPUTS)
+
+
 def rank_inputs(mine):
     # Walk up every frame: only this rank's own tensor is anywhere in the process.
     seen = []

@@ -85,8 +85,15 @@ def graded_class(request, tmp_path_factory):
 STOPPED_BY = {
     ("01_collectives", "wrong_measurement_routes"): [
         "MeasurementRefused: the ranks wrote",  # the built-in all-reduce, hidden, its bytes shaped with /dev/null
-        "every rank must receive the other 3 ranks' tensors",  # gathered through /dev/shm, padded with a file
+        # gathered through /dev/shm, padded with a file: nothing between the ranks where broadcasts send
+        "the bytes between the ranks: rank 0 sent rank 1 0.0",
         "rank 0 raised ResultTooLarge",  # a 512 MiB result, after a fork bomb
+    ],
+    # Built-in collectives hidden from the rank's log of operations: the bytes per pair of ranks, read from
+    # outside, are the ring's, not the asked-for scheme's.
+    ("01_collectives", "wrong_hidden_builtins"): [
+        "tensors, the naive scheme sends 1.00",  # the ring all-reduce: 1.5 tensors to one neighbour, none to others
+        "the bytes between the ranks: rank 0 sent rank 1 3.0",  # the ring all-gather: 3 tensors to one neighbour
     ],
     # Rules judged on data the checks compare with their own inputs (not on a rank's word about itself).
     ("01_collectives", "wrong_forgotten_return_and_replaced_parameters"): [

@@ -83,3 +83,51 @@ def test_bytes_sent_count_only_what_ran_after_the_learner_side_started(start_met
     rank0, rank1 = map(int, run.stdout.split()[-2:])
     assert 65536 * 4 <= rank0 <= 65536 * 4 + 4096  # the tensor, and the rendezvous
     assert rank1 <= 1024
+
+
+FLOWS_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch.distributed as dist
+    from course_lib.grading import Learner, tcp_flows
+
+    def pass_to_the_next(numbers):
+        # Rank r sends (r + 1) * numbers floats to rank r + 1 (the last to rank 0), and nothing else.
+        import torch
+        rank, world = dist.get_rank(), dist.get_world_size()
+        outgoing = torch.ones((rank + 1) * numbers)
+        incoming = torch.empty(((rank - 1) % world + 1) * numbers)
+        send = dist.isend(outgoing, (rank + 1) % world)
+        dist.recv(incoming, (rank - 1) % world)
+        send.wait()
+        return 0
+
+    if sys.argv[1] == "refused":  # as in a container whose seccomp profile forbids netlink sockets
+        def refused(*args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+        tcp_flows.diag_socket = refused
+    learner = Learner(answers=(), setup="import torch")
+    measured = learner.launch(pass_to_the_next, 3, args=(16384,), measure=True)[1]
+    print(*[m["sent_to"] for m in measured], sep="\\n")
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bytes between ranks are read on Linux only")
+def test_the_bytes_between_ranks_are_counted_per_pair_from_outside():
+    run = subprocess.run([sys.executable, "-c", FLOWS_SCRIPT, "counted"], capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    sent = [eval(line) for line in run.stdout.strip().splitlines()[-3:]]  # noqa: S307 (lists of ints we printed)
+    tensor = 16384 * 4
+    for rank in range(3):
+        for peer in range(3):
+            expected = (rank + 1) * tensor if peer == (rank + 1) % 3 else 0
+            if peer != rank:  # the rendezvous (rank 0 holds the store) adds a few KB, no more
+                assert expected <= sent[rank][peer] <= expected + 4096, (rank, peer, sent)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bytes between ranks are read on Linux only")
+def test_a_learner_whose_machine_refuses_the_socket_table_gets_no_counts_not_an_error():
+    run = subprocess.run([sys.executable, "-c", FLOWS_SCRIPT, "refused"], capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().splitlines()[-3:] == ["None"] * 3

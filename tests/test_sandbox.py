@@ -88,6 +88,27 @@ def test_a_rank_that_exits_before_it_is_measured_fails(routes):
     assert "NotMeasured" in routes["exits_early"]["message"]
 
 
+def test_the_bytes_between_ranks_are_read_from_outside_per_pair(routes):
+    """A built-in all-gather hidden from the rank's own log still leaves its ring behind: the judge
+    reads per pair of ranks what arrived (the kernel's socket table), and the broadcasts the exercise
+    asks for leave another matrix, the same one the judge's own run of them leaves."""
+    tensor = 4 << 16
+
+    def in_tensors(measured):
+        return [[round(sent / tensor, 1) for sent in m["sent_to"]] for m in measured]
+
+    broadcasts = in_tensors(routes["broadcast_flows"]["value"][1])
+    hidden = in_tensors(routes["hidden_all_gather_flows"]["value"][1])
+    reference = [[round(sent / tensor, 1) for sent in row] for row in routes["reference_broadcast_flows"]["value"]]
+    for matrix in (broadcasts, hidden, reference):
+        assert sum(sum(row) for row in matrix) == 12.0  # every rank receives the other 3 tensors either way
+    assert broadcasts == reference
+    # gloo's all-gather is a ring: every rank sends all 3 tensors to one neighbour, nothing to the others.
+    assert sorted(sorted(row) for row in hidden) == [[0.0, 0.0, 0.0, 3.0]] * 4
+    assert hidden != broadcasts
+    assert all(m["sent_to_others"] == 0 for m in routes["hidden_all_gather_flows"]["value"][1])
+
+
 def test_each_rank_holds_only_its_own_input(routes):
     assert routes["frames"]["value"] == [[4.0], [40.0], [400.0]]
 

@@ -234,10 +234,14 @@ class Learner:
         ``rank_args``: one tuple per rank, sent to that rank only (each rank's own input: no rank
         ever holds another's data, so it must communicate to learn it).
         Returns the ranks' results (data only), and with measure=True also, per rank,
-        ``{"sent_bytes", "peak_rss_bytes", "network_bytes"}`` as the operating system counted them (None off
-        Linux). ``sent_bytes`` is what the rank wrote (sockets and files); ``network_bytes``, graded in a
-        sandbox only (else None), is what crossed the sandbox's loopback during the launch, all ranks together:
-        a lower bound on communication belongs on it, as a rank can add to its writes with files.
+        ``{"sent_bytes", "peak_rss_bytes", "network_bytes", "sent_to", "sent_to_others"}`` as the operating
+        system counted them (None off Linux). ``sent_bytes`` is what the rank wrote (sockets and files);
+        ``network_bytes``, graded in a sandbox only (else None), is what crossed the sandbox's loopback during
+        the launch, all ranks together: a lower bound on communication belongs on it, as a rank can add to
+        its writes with files. ``sent_to[j]``: the bytes that reached rank j over TCP connections this rank
+        holds the other end of, and ``sent_to_others`` those that reached ends no rank holds (a helper's),
+        read from the kernel's socket table (course_lib.grading.tcp_flows): what a communication pattern
+        leaves behind, whatever code in the rank says it ran.
         """
         if self.inert:
             raise RuntimeError("learner.launch runs in the judge, not on the learner side")
@@ -258,6 +262,22 @@ class Learner:
             start_method=None, threads=None, show_output=show_output, live=False,
             startup_timeout=startup_timeout, judged=judged)
         return (results, measured) if measure else results
+
+    def reference_flows(self, fn, world_size: int, rank_args, timeout: float = 30) -> list[list[int]]:
+        """``sent_to`` of every rank (see launch) when the check's own ``fn`` runs: the pattern an
+        exercise asks for, as this machine's backend carries it out (which tree a broadcast takes is
+        the backend's choice). ``fn`` runs on fresh ranks that hold none of the learner's cells, started
+        by the judge itself, never in the learner's sandbox; measured once per function and shapes."""
+        key = (fn.__name__, world_size, _shapes(rank_args))
+        cache = self.__dict__.setdefault("_reference_flows", {})
+        if key not in cache:
+            judged = launcher._Judged(prelude=[], counts_bytes=True)
+            judged.payloads = [launcher._serialise_call(fn, tuple(rank_args[rank]), {}) for rank in range(world_size)]
+            _, measured = launcher._launch(
+                fn, world_size, (), {}, timeout=timeout, backend="auto", init_process_group=True, start_method=None,
+                threads=None, show_output=False, live=False, startup_timeout=60, judged=judged)
+            cache[key] = [m["sent_to"] for m in measured]
+        return cache[key]
 
     def sandbox(self):
         """This submission's sandbox (grading): made at its first launch, ended by next_submission."""
@@ -305,6 +325,14 @@ class Learner:
             raise TypeError(f"the check's function or arguments cannot be sent to the learner side "
                             f"({type(exc).__name__}: {exc})") from None
         return buffer.getvalue()
+
+
+def _shapes(value):
+    """The shapes and dtypes of the tensors in ``value`` (nested tuples and lists), for a cache key."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_shapes(item) for item in value)
+    shape = getattr(value, "shape", None)
+    return (tuple(shape), str(value.dtype)) if shape is not None else repr(value)
 
 
 def answer_cell(label: str, source: str, timeout: float | None = None) -> None:

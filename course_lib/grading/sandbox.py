@@ -266,6 +266,7 @@ class Sandbox:
         self._infrastructure: set[int] | None = None
         self.rank_pids: set[int] = set()  # every launch's ranks (pids outside): a rank is never a "helper"
         self._watchdog: threading.Thread | None = None
+        self._diag = None  # a netlink socket that answers for the sandbox's network namespace
         self.ended_because: str | None = None
         self.closed = False
         atexit.register(self.close)
@@ -456,6 +457,19 @@ class Sandbox:
                         return int(fields[8]), int(fields[9])
         return None
 
+    def tcp_diag(self):
+        """A socket that lists the TCP connections of the sandbox's network namespace with their byte
+        counts (course_lib.grading.tcp_flows), made once, from its init process's namespace, and held
+        by the judge only."""
+        if self._diag is None:
+            from .tcp_flows import diag_socket
+
+            init = [outside for outside, inside in self._inside_pids().items() if inside == 1]
+            if not init:
+                raise LookupError("the sandbox's init process is gone")
+            self._diag = diag_socket(netns_of_pid=init[0])
+        return self._diag
+
     def bytes_in_files_since(self, since: float) -> int:
         """Bytes in the files of the sandbox's writable folders written since ``since`` (time.time())."""
         total = 0
@@ -508,6 +522,9 @@ class Sandbox:
         if why and not self.ended_because:
             self.ended_because = why
         server, self.server = self.server, None
+        diag, self._diag = self._diag, None
+        if diag is not None:
+            diag.close()
         if server is not None:
             with contextlib.suppress(OSError, TypeError):
                 os.close(server._forkserver_alive_fd)
