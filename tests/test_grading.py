@@ -449,3 +449,37 @@ def test_a_solution_whose_checks_would_run_answers_in_the_judge_is_refused(tmp_p
                            "--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "creates a course_lib.grading.Learner" in proc.stderr, proc.stderr
+
+
+def test_every_cell_that_crashes_the_judge_is_set_aside_and_the_rest_of_the_batch_runs(tmp_path, monkeypatch):
+    """A judge run ends where a cell kills or hangs its kernel; the grader replaces that cell and runs the
+    batch again, as often as it takes: five such cells in one batch still leave every other cell graded."""
+    from types import SimpleNamespace
+
+    from course_lib.grading import grader
+
+    crashing = {1, 3, 4, 6, 7}  # more than any fixed number of reruns would allow
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"cell_{n} = {n}") for n in range(9)])
+    runs = []
+
+    def judge_run(command, cwd, env, log_path, time_limit):
+        # What a judge does with the notebook it was given: it stops at the first crashing cell not yet replaced.
+        sources = [cell.source for cell in nbformat.read(cwd / "graded.ipynb", as_version=4).cells]
+        outcomes, records = {}, {}
+        for number, source in enumerate(sources):
+            if number in crashing and not source.startswith("raise RuntimeError"):
+                outcomes[number] = grader.CellOutcome("failed", "Timeout of 5 seconds")
+                break  # no record: the kernel died here, and no later cell ran
+            outcomes[number] = grader.CellOutcome("failed" if source.startswith("raise") else "passed")
+            records[number] = {"ename": "RuntimeError"} if source.startswith("raise") else {}
+        runs.append(records)
+        return True, [(outcomes, records)]
+
+    monkeypatch.setattr(grader, "run_pytest", judge_run)
+    monkeypatch.setattr(grader, "read_verdicts", lambda lines: lines[0][0])
+    monkeypatch.setattr(grader, "read_records", lambda path, sources: runs[-1])
+    options = SimpleNamespace(cell_timeout=5, secret="s", no_sandbox=False, run_id="t", jobs=1)
+    result = grader.run_merged(notebook, tmp_path, options)
+    assert sorted(result.replaced) == sorted(crashing)
+    assert all(result.outcomes[n].status == "passed" for n in range(9) if n not in crashing)
+    assert len(runs) == len(crashing) + 1

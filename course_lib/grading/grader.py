@@ -75,7 +75,6 @@ from .sandbox import remove_leftovers, sandbox_problem
 
 REPO = Path(__file__).resolve().parents[2]
 FEEDBACK_FILE = "feedback.txt"
-MAX_RERUNS = 3
 MESSAGE_LINES = 25
 
 # Runs first in every graded notebook. The kernel becomes the judge (non-dumpable, its hidden
@@ -457,7 +456,10 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
     code_cells = [cell for cell in merged.cells if cell.cell_type == "code"]
     replaced: dict[int, str] = {}
     time_limit = options.cell_timeout * (len(code_cells) + 1) + 120
-    for attempt in range(MAX_RERUNS + 1):
+    # Each rerun replaces one more cell that never finished, so one rerun per code cell is enough for
+    # any number of them: however many cells crash the judge, every other cell of the batch still runs.
+    last_attempt = len(code_cells)
+    for attempt in range(last_attempt + 1):
         rundir = workdir / f"run{attempt}"
         rundir.mkdir()
         notebook = nbformat.from_dict(json.loads(json.dumps(merged)))
@@ -497,7 +499,7 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
             n not in records and n not in replaced
             and outcomes.get(n, CellOutcome("missing")).status in ("failed", "xfailed", "missing")
             for n in range(stuck + 1, len(cells)))
-        if stuck is None or not later_lost or attempt == MAX_RERUNS:
+        if stuck is None or not later_lost or attempt == last_attempt:
             return RunResult(outcomes, records, replaced)
         # nbval cannot tell these apart: both end in its cell timeout without a reply.
         replaced[stuck] = (f"this cell did not finish: it ran longer than {options.cell_timeout:g} s and could "
