@@ -1,7 +1,8 @@
 # Two commands do everything:  `make lab` (open the course)  and  `make test` (run every check).
 # Both create .venv and install the course into it the first time.
 #
-#   make lab                 JupyterLab on notebooks/, opens a browser
+#   make lab                 JupyterLab on the course folder (notebooks/, exercises/, solutions/),
+#                            opening the first lesson in a browser
 #   make lab-server          the same, headless (for a remote server): prints the URL to open
 #   make test                unit tests of course_lib, nbval over every solution notebook, every
 #                            lesson in JupyterLab or under nbval (as on an 8-core machine), 00 and 01
@@ -29,6 +30,11 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --
 NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+# The course folder is the lab's root, so the file browser reaches exercises/ and solutions/, which every
+# lesson's last cell points to (a folder argument alone would make notebooks/ the root); the first lesson opens.
+LAB_FILES := --ServerApp.root_dir="$(CURDIR)" notebooks/00_preflight.ipynb
+LAB_PORT ?= 8888
+LAB_OPTIONS ?=
 
 .PHONY: lock test-oldest test-latest test-range setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
 
@@ -55,7 +61,7 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ROOT)
+	$(VENV)/bin/jupyter lab $(LAB_FILES) $(LAB_ROOT)
 
 # requirements.lock: every distribution of every extra, for every platform, from pyproject.toml and
 # constraints.txt. Existing pins stay; `make lock UPGRADE=--upgrade` moves them all to the newest.
@@ -67,7 +73,7 @@ lock:
 	  --universal --python-version 3.11.5 --custom-compile-command "make lock" $(UPGRADE) -o requirements.lock
 
 lab-server: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip=127.0.0.1 --port=8888 $(LAB_ROOT)
+	$(VENV)/bin/jupyter lab $(LAB_FILES) --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) $(LAB_ROOT) $(LAB_OPTIONS)
 
 # The suite runs as if on an 8-core laptop (each rank gets 8 // world_size intra-op threads),
 # so the many-core code paths are exercised on a small CI machine too. Chapters 00 and 01 also
