@@ -40,8 +40,21 @@ LAB_OPTIONS ?=
 
 setup: $(STAMP)
 
+# The course needs Python 3.11 or newer (nbgrader 0.9, which makes the exercises, does). Checked before
+# .venv is made, and a .venv that an older Python made, or that a failed `python -m venv` left half-made,
+# is made again instead of being reused.
+PYTHON_OK = $(1) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
+TOO_OLD = needs Python 3.11 or newer to make $(VENV), and '$(PYTHON)' is $$($(PYTHON) --version 2>&1 || echo "not found"). \
+  Install one (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv; macOS: brew install python@3.12) \
+  and point make at it: make $(or $(MAKECMDGOALS),setup) PYTHON=python3.11
+
 $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.json jupyter/ipython_kernel_config.py
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ -e $(VENV) ] && ! { $(call PYTHON_OK,$(PY)) && $(PY) -m pip --version >/dev/null 2>&1; }; then \
+	  echo "$(VENV) was made by another Python, or only half made: making it again"; rm -rf $(VENV); fi
+	@if [ ! -x $(PY) ]; then \
+	  if ! $(call PYTHON_OK,$(PYTHON)); then echo "make $(TOO_OLD)"; exit 1; fi; \
+	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "'$(PYTHON) -m venv' failed (Debian and Ubuntu: sudo apt \
+	  install python3-venv, or python3.X-venv for your version)"; exit 1; }; fi
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
 	  $(PY) -m pip install -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
 	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[test]"

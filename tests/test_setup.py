@@ -107,3 +107,36 @@ def test_the_lock_holds_the_hand_chosen_pins():
     locked = locked_versions()
     for name, pinned in hand_pins().items():
         assert Version(locked[canonicalize_name(name)]) == pinned, f"{name}=={pinned}"
+
+
+def _old_python(folder: Path) -> Path:
+    """Stands in for the Python 3.10 of Ubuntu 22.04: says its version, fails the course's version check."""
+    python = folder / "python3.10"
+    python.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "Python 3.10.12"; exit 0; fi\nexit 1\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_a_python_too_old_gets_one_line_saying_what_to_do_and_no_venv(tmp_path):
+    import subprocess
+
+    venv = tmp_path / ".venv"
+    run = subprocess.run(["make", "-s", "setup", f"PYTHON={_old_python(tmp_path)}", f"VENV={venv}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    said = run.stdout.strip().splitlines()
+    assert len(said) == 1 and "needs Python 3.11 or newer" in said[0] and "Python 3.10.12" in said[0], said
+    assert "PYTHON=python3.11" in said[0]
+    assert not venv.exists()
+
+
+def test_a_venv_made_by_an_older_python_is_made_again_not_reused(tmp_path):
+    import subprocess
+
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(_old_python(tmp_path))
+    run = subprocess.run(["make", "-s", "setup", f"PYTHON={_old_python(tmp_path)}", f"VENV={venv}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert "making it again" in run.stdout and "needs Python 3.11 or newer" in run.stdout, run.stdout + run.stderr
+    assert not venv.exists()
