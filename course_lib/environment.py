@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .launcher import available_cpus
 
-# The oldest torch on which every chapter was run and passes (README, "Supported versions"): 2.14.1
+# The oldest torch on which every chapter was run and passes (docs/platforms.md, "Supported versions"): 2.14.1
 # and 2.13 fail chapter 10's flight-recorder cells (gloo writes no dump before 2.15); 2.11 also 01,
 # 04 and 11.
 SUPPORTED_TORCH = (2, 15)

@@ -1,4 +1,4 @@
-# JupyterHub for a class on one server: `make hub` (see the README, "Hosting a class on one server").
+# JupyterHub for a class on one server: `make hub` (see docs/instructors.md, "Hosting a class on one server").
 #
 # One JupyterLab per learner, started from the course's .venv (so its lab settings and its kernel
 # set-up, installed there by `make`, apply), in a folder of the learner's own that gets a copy of

@@ -1,4 +1,4 @@
-"""Render the executed lessons (and the README as the index) to a static HTML site.
+"""Render the executed lessons (the README, the learners' page, as the index; the docs beside it) to a static HTML site.
 
     python scripts/build_site.py [--out site]        (or: make site)
 
@@ -23,10 +23,27 @@ from nbconvert.filters.markdown_mistune import markdown2html_mistune
 REPO = Path(__file__).resolve().parent.parent
 # notebooks/03_ddp.ipynb, ../notebooks/03_ddp.ipynb#anchor, 03_ddp.ipynb -> 03_ddp.html
 NOTEBOOK_LINK = re.compile(r'href="(?:\.\./)?(?:notebooks/)?([\w.-]+)\.ipynb(#[^"]*)?"')
+# docs/grading.md, CONTRIBUTING.md -> docs/grading.html, CONTRIBUTING.html (rendered beside the index)
+MARKDOWN_LINK = re.compile(r'href="((?:docs/)?[\w.-]+)\.md(#[^"]*)?"')
+DOCS = ["CONTRIBUTING.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+STYLE = """<style>body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.5}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2rem .5rem}
+pre{background:#f6f6f6;padding:.5rem;overflow-x:auto}</style>"""
 
 
 def html_links(text: str) -> str:
-    return NOTEBOOK_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', text)
+    text = NOTEBOOK_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', text)
+    return MARKDOWN_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', text)
+
+
+def build_doc(relative: str, out: Path) -> Path:
+    """One Markdown page of the course's docs, as HTML at the same place relative to the index."""
+    body = html_links(markdown2html_mistune((REPO / relative).read_text(encoding="utf-8")))
+    target = out / relative.replace(".md", ".html")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(relative)}'
+                      f"</title>{STYLE}</head>\n<body>\n{body}\n</body></html>\n", encoding="utf-8")
+    return target
 
 
 def title_of(notebook_path: Path) -> str:
@@ -52,9 +69,7 @@ def build_index(lessons: list[Path], out: Path) -> Path:
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Distributed training in PyTorch, hands-on</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.5}}
-table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.2rem .5rem}}
-pre{{background:#f6f6f6;padding:.5rem;overflow-x:auto}}</style></head>
+{STYLE}</head>
 <body>
 <nav><h2>Chapters (executed)</h2><ol start="0" id="chapters">
 {chapters}
@@ -78,6 +93,8 @@ def main(argv: list[str]) -> int:
     for lesson in lessons:
         print(f"{lesson.relative_to(REPO)} -> {build_lesson(lesson, out).relative_to(out.parent)}")
     print(f"README.md -> {build_index(lessons, out).relative_to(out.parent)}")
+    for relative in DOCS:
+        print(f"{relative} -> {build_doc(relative, out).relative_to(out.parent)}")
     return 0
 
 

@@ -17,7 +17,7 @@ CI has no GPU, so what only a GPU can show is checked here, by a maintainer who 
    part: about as long as the notebooks take on the CPU; --jobs N runs N notebooks side by side,
    --log FILE keeps pytest's whole report, --skip-notebooks leaves it out).
 
-It ends with a summary (date, GPU, torch, each check) to quote in the README's platform table.
+It ends with a summary (date, GPU, torch, each check) to quote in docs/platforms.md's platform table.
 Without a GPU it says so and exits 0: nothing is checked.
 """
 

@@ -5,8 +5,8 @@ adds three learners through the REST API (the instructor's token), starts their 
 checks each server's limits (its cores; its memory cgroup where the hub can make one). Then
 every learner runs chapter 01's lesson at the same moment, cell by cell, through the hub's URL
 (the Jupyter server's REST API and the kernel's websocket, behind the proxy), with no error and
-no failed check. Each learner's exercise notebook is collected from the learner's folder as the
-README says and graded by scripts/grade.py (untouched: 0 points, and a feedback file). At the
+no failed check. Each learner's exercise notebook is collected from the learner's folder as
+docs/instructors.md says and graded by scripts/grade.py (untouched: 0 points, and a feedback file). At the
 end the servers and the hub are stopped and no process of theirs may be left.
 
 Needs the `hub` extra and the proxy (`make hub-deps`); without them the test is skipped with
@@ -212,7 +212,7 @@ def test_a_class_runs_a_lesson_and_hands_in_through_the_hub(tmp_path):
         for outcome in outcomes:
             assert outcome["failure"] is None and outcome["failed"] == 0 and outcome["passed"] > 0, outcome
 
-        # Hand-in, with the README's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/.
+        # Hand-in, with docs/instructors.md's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/.
         started = time.monotonic()
         submissions, exercises = tmp_path / "SUBMISSIONS", tmp_path / "exercises"
         exercises.mkdir()
