@@ -13,6 +13,7 @@ import argparse
 import html
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -95,6 +96,7 @@ def main(argv: list[str]) -> int:
     print(f"README.md -> {build_index(lessons, out).relative_to(out.parent)}")
     for relative in DOCS:
         print(f"{relative} -> {build_doc(relative, out).relative_to(out.parent)}")
+    shutil.copytree(REPO / "docs" / "img", out / "docs" / "img", dirs_exist_ok=True)  # the pictures they show
     return 0
 
 

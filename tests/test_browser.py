@@ -150,6 +150,9 @@ def test_the_static_site_opens_and_links_to_every_chapter(tmp_path, page):
     assert links.count() == len(LESSONS)
     assert [links.nth(i).get_attribute("href") for i in range(links.count())] == [
         name.replace(".ipynb", ".html") for name in LESSONS]
+    assert page.evaluate("() => [...document.images].filter(i => i.complete && i.naturalWidth > 0).length") >= 1
+    for doc in page.locator('a[href^="docs/"], a[href="CONTRIBUTING.html"]').all():  # the docs, rendered beside it
+        assert (site / doc.get_attribute("href")).exists(), doc.get_attribute("href")
     links.nth(1).click()  # the first chapter with figures and checks
     page.wait_for_load_state("load")
     assert page.url.endswith(LESSONS[1].replace(".ipynb", ".html"))

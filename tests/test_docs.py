@@ -36,3 +36,20 @@ def test_the_chapter_table_counts_each_exercise_as_its_solution_grades_it():
     assert [stem for _, stem, _ in rows] == lessons
     for _, stem, exercises in rows:
         assert exercises.strip() == exercise_checks_and_points(stem), stem
+
+
+def test_the_readme_picture_and_its_code_are_the_lessons_own():
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from readme_picture import DEFINES, LESSON, PICTURE, stored_figure
+
+    assert PICTURE.read_bytes() == stored_figure(), "run scripts/readme_picture.py: the lesson's figure changed"
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    printed = readme.split("```text\n", 1)[1].split("```", 1)[0]
+    cell = next(cell for cell in json.loads(LESSON.read_text())["cells"] if DEFINES in "".join(cell["source"]))
+    for line in code.strip().splitlines():
+        assert line in "".join(cell["source"]).splitlines(), line
+    stored = "".join("".join(output.get("text", "")) for output in cell["outputs"])
+    assert printed.strip() in stored.splitlines()
