@@ -274,10 +274,12 @@ class ParallelGPT:
         # Two gradients come out of backward placed unlike their parameters, under tensor
         # parallelism in this torch: a sequence-parallel norm's (the weight is replicated over tp,
         # but each rank saw only its positions: Partial(sum)), and a row-wise embedding's (the
-        # table is sharded over tp, its gradient Replicate: a full table on every rank). Every op
-        # that reads a Partial tensor reduces it first, and Adam reads a gradient three times;
-        # placing each gradient like its parameter once here costs one all-reduce per norm
-        # parameter (not three) and frees the embedding gradients' other shards.
+        # table is sharded over tp, its gradient Replicate: a full table on every rank). DTensor
+        # reduces a Partial tensor where an op needs its value (Adam's square of the gradient),
+        # not once for all; placing each gradient like its parameter here costs one all-reduce
+        # per norm parameter and frees the embedding gradients' other shards. With dp > 1,
+        # FSDP2 has already placed them (FSDPParam redistributes each gradient's non-dp mesh
+        # dimensions), and this finds nothing left to do.
         from torch.distributed.tensor import DTensor
         for part in self.parts:
             for p in part.parameters():
