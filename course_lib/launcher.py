@@ -691,11 +691,14 @@ class _Judged:
     cwd: str | None = None
     max_result_bytes: int = 256 << 20
     counts_bytes: bool = False  # the check counts bytes sent: bytes written elsewhere are refused
+    # In a sandbox: each rank in a Landlock domain of its own (course_lib.grading.apart), writing only
+    # to a folder of its own and to these folders, which the check shares with every rank (None: not kept apart).
+    apart: dict | None = None  # {"shared": [folder, ...], "readable": [folder, ...]}
 
     def __getstate__(self):
         # What a rank receives: the cells to run. Never the other ranks' payloads (each rank's
         # own travels in its spec), the sandbox, or the environment (sent as the spec's).
-        return {"prelude": self.prelude, "run_as": self.run_as}
+        return {"prelude": self.prelude, "run_as": self.run_as, "apart": self.apart}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -876,6 +879,20 @@ def _data_payload(result) -> bytes:
     return buffer.getvalue()
 
 
+def _keep_apart(apart: dict) -> None:
+    """Graded in a sandbox: this rank reaches the others only over the network (course_lib.grading.apart).
+    Its working directory, TMPDIR and HOME become a folder of its own."""
+    import tempfile
+
+    from .grading.apart import keep_rank_apart
+
+    private = os.path.join(tempfile.gettempdir(), f"rank-{os.getpid()}")
+    keep_rank_apart(private, list(apart["shared"]), list(apart["readable"]))
+    os.chdir(private)
+    os.environ.update(TMPDIR=private, HOME=private)
+    tempfile.tempdir = None
+
+
 def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
     """Entry point of every worker process (forkserver, spawn or fork)."""
     os.setpgrp()  # own process group: Ctrl-C in a terminal reaches only the parent, which stops us
@@ -895,6 +912,8 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
         mp.set_start_method(None, force=True)
     if spec.judged is not None and spec.judged.run_as is not None:
         _drop_privileges(spec.judged.run_as)  # before the parent-death signal: setuid clears it
+    if spec.judged is not None and spec.judged.apart is not None:
+        _keep_apart(spec.judged.apart)  # while this process has one thread: the watchdog below is another
     _die_with_parent(spec.kernel_pid)
 
     import torch
@@ -1703,6 +1722,8 @@ class _Waiter:
             for rank, measured in enumerate(self.measurements):
                 measured["sent_to"] = sent[rank] if sent is not None else None
                 measured["sent_to_others"] = to_others[rank] if to_others is not None else None
+                if sent is not None:  # what reached the other ranks, not what the process wrote (a file, /dev/null)
+                    measured["sent_bytes"] = sum(sent[rank])
 
     def _rank_flows(self):
         """Bytes per ordered pair of ranks over TCP, read from the kernel while every rank waits to be
@@ -1750,7 +1771,9 @@ class _Waiter:
 
         ``sent_bytes``: bytes the process wrote (write/writev: gloo's TCP sends count here)
         since it reported its baseline (before the learner's code ran), minus what the launcher
-        itself knows it wrote (the result, the output files).
+        itself knows it wrote (the result, the output files). Where the check counts bytes and the
+        kernel's socket table can be read, _measure_all replaces it with the bytes that reached the
+        other ranks over TCP (``sum(sent_to)``), which no file or /dev/null write adds to.
         ``peak_rss_bytes``: the process's peak resident memory: the larger of the kernel's
         high-water mark (VmHWM, which the process itself can reset through
         /proc/self/clear_refs) and the resident memory sampled from here every 10 ms.

@@ -231,5 +231,57 @@ def rank_inputs(mine):
 
 
 outcome("frames", learner.launch, rank_inputs, 3, rank_args=[(torch.full((4,), 10.0 ** r),) for r in range(3)])
+
+
+def ranks_apart(shared):
+    # Rank 1 leaves its secret everywhere it can; rank 0 looks for it everywhere (each rank's pid and
+    # folder travel over the process group, a real collective). What rank 0 found, by route.
+    rank = dist.get_rank()
+    secret = "the input of rank 1"
+    places = {"tmp": "/tmp/from-rank-1", "dev_shm": "/dev/shm/from-rank-1", "working_dir": "from-rank-1",
+              "scratch": os.path.join(os.path.dirname(shared), "from-rank-1"), "shared": os.path.join(shared, "from-rank-1")}
+    wrote, listener = {}, None
+    if rank == 1:
+        for name, path in places.items():
+            try:
+                with open(path, "w") as f:
+                    f.write(secret)
+                wrote[name] = "written"
+            except OSError as exc:
+                wrote[name] = f"refused: {exc.strerror}"
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind("\0course-ranks-apart")
+        listener.listen()
+    who = [None, None]
+    dist.all_gather_object(who, (os.getpid(), os.getcwd()))
+    found = {}
+    if rank == 0:
+        peer_pid, peer_dir = who[1]
+        reads = dict(places, working_dir=os.path.join(peer_dir, "from-rank-1"),
+                     proc_root=f"/proc/{peer_pid}/root/tmp/from-rank-1", proc_cwd=f"/proc/{peer_pid}/cwd/from-rank-1",
+                     proc_environ=f"/proc/{peer_pid}/environ", proc_mem=f"/proc/{peer_pid}/mem")
+        for name, path in reads.items():
+            try:
+                with open(path, "rb") as f:
+                    found[name] = "read" if name in ("proc_environ", "proc_mem") or secret.encode() in f.read() else "empty"
+            except OSError as exc:
+                found[name] = f"refused: {exc.strerror}"
+        try:
+            client = socket.socket(socket.AF_UNIX)
+            client.connect("\0course-ranks-apart")
+            found["abstract_socket"] = "connected"
+        except OSError as exc:
+            found["abstract_socket"] = f"refused: {exc.strerror}"
+        try:
+            os.kill(peer_pid, 0)
+            found["signal"] = "allowed"
+        except OSError as exc:
+            found["signal"] = f"refused: {exc.strerror}"
+    dist.barrier()
+    return {"wrote": wrote, "found": found, "cwd": os.getcwd()}
+
+
+shared_folder = tempfile.mkdtemp(dir=learner.scratch, prefix="shared-")
+outcome("ranks_apart", learner.launch, ranks_apart, 2, args=(shared_folder,), shared=[shared_folder])
 learner.end_sandbox()
 print("ALL " + json.dumps(outcomes, default=str), flush=True)

@@ -85,8 +85,8 @@ def graded_class(request, tmp_path_factory):
 STOPPED_BY = {
     ("01_collectives", "wrong_measurement_routes"): [
         "MeasurementRefused: the ranks wrote",  # the built-in all-reduce, hidden, its bytes shaped with /dev/null
-        # gathered through /dev/shm, padded with a file: nothing between the ranks where broadcasts send
-        "the bytes between the ranks: rank 0 sent rank 1 0.0",
+        # gathered through /dev/shm: each rank is kept apart (course_lib.grading.apart), it cannot write there
+        "PermissionError: [Errno 13] Permission denied: '/dev/shm/gather",
         "rank 0 raised ResultTooLarge",  # a 512 MiB result, after a fork bomb
     ],
     # Built-in collectives hidden from the rank's log of operations: the bytes per pair of ranks, read from
@@ -94,6 +94,14 @@ STOPPED_BY = {
     ("01_collectives", "wrong_hidden_builtins"): [
         "tensors, the naive scheme sends 1.00",  # the ring all-reduce: 1.5 tensors to one neighbour, none to others
         "the bytes between the ranks: rank 0 sent rank 1 3.0",  # the ring all-gather: 3 tensors to one neighbour
+    ],
+    # The sum, the list and the mean exchanged beside the process group: through a file in /dev/shm, a file in
+    # /tmp, an abstract Unix socket. Each rank writes only to a folder of its own and reaches no other rank's
+    # socket (course_lib.grading.apart). Without the sandbox, the mean through the socket scores.
+    ("01_collectives", "wrong_files_between_ranks"): [
+        "raised RuntimeError: [enforce fail at inline_container.cc:746] . open file failed with strerror: Permission",
+        "rank 1 raised RuntimeError: [enforce fail at inline_container.cc:746] . open file failed",
+        "raised PermissionError: [Errno 1] Operation not permitted",
     ],
     # Rules judged on data the checks compare with their own inputs (not on a rank's word about itself).
     ("01_collectives", "wrong_forgotten_return_and_replaced_parameters"): [

@@ -177,3 +177,17 @@ def test_a_sandbox_started_from_a_thread_outlives_that_thread():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     first, second = map(int, run.stdout.split("PIDS")[1].split())
     assert first > 2 and second > first  # both ranks inside the same, living sandbox (pids 1, 2: bwrap, the server)
+
+
+def test_the_ranks_of_a_launch_reach_each_other_only_over_the_network(routes):
+    """Each rank is kept apart in a Landlock domain of its own (course_lib.grading.apart): a secret that
+    rank 1 leaves in a file, a shared-memory file, its working folder or an abstract Unix socket does not
+    reach rank 0, nor does rank 1's memory or folders through /proc; only the folder the check shares."""
+    ranks = routes["ranks_apart"]["value"]
+    wrote, found = ranks[1]["wrote"], ranks[0]["found"]
+    assert wrote == {"tmp": "refused: Permission denied", "dev_shm": "refused: Permission denied",
+                     "working_dir": "written", "scratch": "refused: Permission denied", "shared": "written"}, wrote
+    assert found.pop("shared") == "read"  # what the check shares with every rank (a checkpoint folder)
+    refused = {name: said for name, said in found.items() if not said.startswith("refused")}
+    assert not refused and len(found) == 10, found
+    assert ranks[0]["cwd"] != ranks[1]["cwd"]  # a working folder of its own

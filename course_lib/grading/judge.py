@@ -227,15 +227,19 @@ class Learner:
     # ----- running the learner's code
     def launch(self, fn, world_size: int, args=(), kwargs=None, *, rank_args=None, timeout: float = 30,
                measure: bool = False, startup_timeout: float = 60, init_process_group: bool = True,
-               show_output: bool = False):
+               show_output: bool = False, shared=()):
         """Run the check's ``fn(*args, *rank_args[rank])`` on ``world_size`` fresh ranks that hold the
         learner's cells.
 
         ``rank_args``: one tuple per rank, sent to that rank only (each rank's own input: no rank
         ever holds another's data, so it must communicate to learn it).
+        ``shared``: folders every rank may write (a checkpoint folder under ``scratch``). Graded in a
+        sandbox, no other file is shared: each rank writes only to a folder of its own (its working
+        directory), and cannot reach another rank's files or memory (course_lib.grading.apart).
         Returns the ranks' results (data only), and with measure=True also, per rank,
         ``{"sent_bytes", "peak_rss_bytes", "network_bytes", "sent_to", "sent_to_others"}`` as the operating
-        system counted them (None off Linux). ``sent_bytes`` is what the rank wrote (sockets and files);
+        system counted them (None off Linux). ``sent_bytes`` is what reached the other ranks over TCP
+        (``sum(sent_to)``), or, where the socket table cannot be read outside a sandbox, what the rank wrote;
         ``network_bytes``, graded in a sandbox only (else None), is what crossed the sandbox's loopback during
         the launch, all ranks together: a lower bound on communication belongs on it, as a rank can add to
         its writes with files. ``sent_to[j]``: the bytes that reached rank j over TCP connections this rank
@@ -253,6 +257,7 @@ class Learner:
             judged.sandbox = self.sandbox()
             judged.environment = _learner_environment()
             judged.cwd = str(judged.sandbox.scratch)
+            judged.apart = {"shared": [os.fspath(folder) for folder in shared], "readable": [judged.cwd]}
         elif self.grading:
             judged.run_as = _unprivileged_user()
         judged.payloads = [self._payload(fn, tuple(args) + tuple(rank_args[rank] if rank_args else ()), kwargs)

@@ -1,0 +1,139 @@
+"""Keep the ranks of a graded launch apart: what one rank knows reaches another only over the network.
+
+Runs in each rank, inside the submission's sandbox (course_lib.grading.sandbox), before any of the
+learner's code. The sandbox keeps a submission away from the judge, the host and the other
+submissions; this module keeps the ranks of one launch away from each other. Without it, rank 0
+could write its input to a file in the sandbox's shared folder (or ``/dev/shm``) and rank 1 could
+read it: an "all-reduce" that never crosses the network, whose result a check could not tell from a
+real one, and whose bytes between the ranks (course_lib.grading.tcp_flows) would be zero only where
+the check counts them.
+
+The tool is Landlock (Linux 5.13 and later; ``landlock_restrict_self(2)``), which an unprivileged
+process applies to itself and every process it starts, for good: nothing can lift it. Each rank
+makes a domain of its own:
+
+- files: it may read the system, Python and course_lib, and read (not write) the sandbox's shared
+  folder; it may write only to a folder of its own (its working directory, ``TMPDIR`` and
+  ``HOME``) and to the folders the check shares with every rank (a checkpoint folder);
+- processes: it cannot trace, or read the memory or ``/proc/<pid>/{root,cwd,fd,mem,environ}`` of,
+  a process outside its domain (another rank, the launch server): Landlock's ptrace rule;
+- with Landlock ABI 6 (Linux 6.12), it cannot connect to an abstract Unix socket, or signal a
+  process, of another domain.
+
+What is left between two ranks: TCP and UDP on the sandbox's loopback (TCP is what
+``tcp_flows`` counts), and what every process may read of another (``/proc/<pid>/stat``,
+``cmdline``, ``comm``): a few bytes at a time, a covert channel rather than a way to move tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+
+__all__ = ["landlock_abi", "keep_rank_apart"]
+
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on x86-64 and arm64
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_MAKE_AND_REMOVE = sum(1 << bit for bit in range(4, 13))  # remove dir/file, make char/dir/reg/sock/fifo/block/sym
+REFER, TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
+
+READ = EXECUTE | READ_FILE | READ_DIR
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+
+
+def _syscall():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI this kernel offers (0: none, or not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = _syscall()
+    version = libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return max(int(version), 0)
+
+
+def _handled_fs(abi: int) -> int:
+    handled = READ | WRITE_FILE | _MAKE_AND_REMOVE
+    if abi >= 2:
+        handled |= REFER
+    if abi >= 3:
+        handled |= TRUNCATE
+    return handled
+
+
+def _fail(what: str) -> OSError:
+    errno = ctypes.get_errno()
+    return OSError(errno, f"Landlock: {what} failed: {os.strerror(errno)}")
+
+
+def keep_rank_apart(private: str, shared: list[str], readable: list[str]) -> int:
+    """Restrict this process (and all it will start) as the module docstring says; return the ABI used.
+
+    ``private``: this rank's own folder (made here); ``shared``: folders every rank of the launch
+    may write; ``readable``: folders to read besides the system's (the sandbox's shared folder).
+    Must run while the process has one thread (Landlock applies to the calling thread and what it
+    starts afterwards; every rank calls it first thing)."""
+    abi = landlock_abi()
+    if abi < 1:
+        raise OSError("Landlock is not available in this kernel (Linux 5.13 or later, with landlock among "
+                      "its security modules: see /sys/kernel/security/lsm)")
+    handled = _handled_fs(abi)
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    attributes = struct.pack("QQQ", handled, 0, scoped) if abi >= 6 else struct.pack("QQ", handled, 0) if abi >= 4 \
+        else struct.pack("Q", handled)
+    libc = _syscall()
+    buffer = ctypes.create_string_buffer(attributes, len(attributes))
+    ruleset = libc.syscall(_CREATE_RULESET, buffer, ctypes.c_size_t(len(attributes)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise _fail("landlock_create_ruleset")
+    os.makedirs(private, mode=0o700, exist_ok=True)
+    everything = handled
+    try:
+        grants = [(path, READ) for path in _system_paths() + list(readable)]
+        grants += [(device, READ_FILE | WRITE_FILE | (TRUNCATE & handled)) for device in DEVICES]
+        grants += [(path, everything) for path in [private, *shared]]
+        for path, access in grants:
+            _allow(libc, ruleset, path, access & handled)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
+        if libc.syscall(_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            raise _fail("landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+def _allow(libc, ruleset: int, path: str, access: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # not in this sandbox (no /dev/tty, say): nothing to allow
+    try:
+        if not os.path.isdir(path):  # a file takes only rights that apply to files
+            access &= EXECUTE | READ_FILE | WRITE_FILE | TRUNCATE
+        rule = ctypes.create_string_buffer(struct.pack("=Qi", access, fd), 12)
+        if libc.syscall(_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), rule,
+                        ctypes.c_uint32(0)) != 0:
+            raise _fail(f"landlock_add_rule({path})")
+    finally:
+        os.close(fd)
+
+
+def _system_paths() -> list[str]:
+    """Everything at the sandbox's root but /tmp and /dev (which hold the shared folders), and
+    Python's own paths, wherever they are (a course cloned below /tmp)."""
+    paths = [os.path.join("/", name) for name in os.listdir("/") if name not in ("tmp", "dev")]
+    paths += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    paths += [entry for entry in sys.path if entry and os.path.isabs(entry)]
+    return sorted(set(paths))
