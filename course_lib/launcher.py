@@ -884,10 +884,11 @@ def _keep_apart(apart: dict) -> None:
     Its working directory, TMPDIR and HOME become a folder of its own."""
     import tempfile
 
-    from .grading.apart import keep_rank_apart
+    from .grading.apart import deny_side_sockets, keep_rank_apart
 
     private = os.path.join(tempfile.gettempdir(), f"rank-{os.getpid()}")
     keep_rank_apart(private, list(apart["shared"]), list(apart["readable"]))
+    deny_side_sockets()
     os.chdir(private)
     os.environ.update(TMPDIR=private, HOME=private)
     tempfile.tempdir = None
@@ -1756,7 +1757,7 @@ class _Waiter:
             raise MeasurementRefused("the sandbox's loopback could not be read, so the bytes sent cannot be checked")
         frame_bytes, packets = after[0] - self.loopback_before[0], after[1] - self.loopback_before[1]
         most = frame_bytes - _FRAME_HEADER_BYTES[0] * packets
-        written = sum(m["sent_bytes"] for m in self.measurements)
+        written = sum(m["written_bytes"] for m in self.measurements)
         in_files = self.sandbox.bytes_in_files_since(self.started_at)  # a checkpoint, say: written, not sent
         slack = _BYTES_SLACK + 0.03 * max(written, most)
         if written - in_files > most + slack:
@@ -1774,6 +1775,8 @@ class _Waiter:
         itself knows it wrote (the result, the output files). Where the check counts bytes and the
         kernel's socket table can be read, _measure_all replaces it with the bytes that reached the
         other ranks over TCP (``sum(sent_to)``), which no file or /dev/null write adds to.
+        ``written_bytes``: what the process wrote, as ``sent_bytes`` before that (files and sockets
+        alike: who wrote a checkpoint).
         ``peak_rss_bytes``: the process's peak resident memory: the larger of the kernel's
         high-water mark (VmHWM, which the process itself can reset through
         /proc/self/clear_refs) and the resident memory sampled from here every 10 ms.
@@ -1796,7 +1799,8 @@ class _Waiter:
         self._sample_memory()
         peak = max(int(status.get("VmHWM", "0 kB").split()[0]) * 1024, self.sampled_rss[rank])
         # In a sandbox a rank's helpers count as its own: memory held by another process is still held.
-        return {"sent_bytes": int(io_counts.get("wchar", 0)) - own, "peak_rss_bytes": peak + self.helper_peak,
+        written = int(io_counts.get("wchar", 0)) - own
+        return {"sent_bytes": written, "written_bytes": written, "peak_rss_bytes": peak + self.helper_peak,
                 "network_bytes": None,  # set by _measure_all in a sandbox
                 "sent_to": None, "sent_to_others": None}  # set by _measure_all when the check counts bytes
 

@@ -182,12 +182,15 @@ def test_a_sandbox_started_from_a_thread_outlives_that_thread():
 def test_the_ranks_of_a_launch_reach_each_other_only_over_the_network(routes):
     """Each rank is kept apart in a Landlock domain of its own (course_lib.grading.apart): a secret that
     rank 1 leaves in a file, a shared-memory file, its working folder or an abstract Unix socket does not
-    reach rank 0, nor does rank 1's memory or folders through /proc; only the folder the check shares."""
+    reach rank 0, nor does rank 1's memory or folders through /proc; only the folder the check shares.
+    No rank reaches the launch server's socket (whose children would run outside the rank's domain) or
+    sends a UDP datagram (which the per-pair TCP counts would not see)."""
     ranks = routes["ranks_apart"]["value"]
     wrote, found = ranks[1]["wrote"], ranks[0]["found"]
     assert wrote == {"tmp": "refused: Permission denied", "dev_shm": "refused: Permission denied",
-                     "working_dir": "written", "scratch": "refused: Permission denied", "shared": "written"}, wrote
+                     "working_dir": "written", "scratch": "refused: Permission denied", "shared": "written",
+                     "abstract_socket": "refused: Operation not permitted"}, wrote
     assert found.pop("shared") == "read"  # what the check shares with every rank (a checkpoint folder)
     refused = {name: said for name, said in found.items() if not said.startswith("refused")}
-    assert not refused and len(found) == 10, found
+    assert not refused and len(found) == 12, found
     assert ranks[0]["cwd"] != ranks[1]["cwd"]  # a working folder of its own

@@ -20,8 +20,10 @@ makes a domain of its own:
 - with Landlock ABI 6 (Linux 6.12), it cannot connect to an abstract Unix socket, or signal a
   process, of another domain.
 
-What is left between two ranks: TCP and UDP on the sandbox's loopback (TCP is what
-``tcp_flows`` counts), and what every process may read of another (``/proc/<pid>/stat``,
+- sockets (seccomp, ``deny_side_sockets``): it cannot make a Unix or a UDP socket, or use io_uring.
+
+What is left between two ranks: TCP on the sandbox's loopback (what ``tcp_flows`` counts per pair of
+ranks), the folders a check shares, and what every process may read of another (``/proc/<pid>/stat``,
 ``cmdline``, ``comm``): a few bytes at a time, a covert channel rather than a way to move tensors.
 """
 
@@ -29,10 +31,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
+import socket
 import struct
 import sys
 
-__all__ = ["landlock_abi", "keep_rank_apart"]
+__all__ = ["landlock_abi", "keep_rank_apart", "deny_side_sockets"]
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on x86-64 and arm64
 _CREATE_RULESET_VERSION = 1
@@ -74,7 +78,7 @@ def _handled_fs(abi: int) -> int:
 
 def _fail(what: str) -> OSError:
     errno = ctypes.get_errno()
-    return OSError(errno, f"Landlock: {what} failed: {os.strerror(errno)}")
+    return OSError(errno, f"keeping the rank apart: {what} failed: {os.strerror(errno)}")
 
 
 def keep_rank_apart(private: str, shared: list[str], readable: list[str]) -> int:
@@ -137,3 +141,75 @@ def _system_paths() -> list[str]:
     paths += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     paths += [entry for entry in sys.path if entry and os.path.isabs(entry)]
     return sorted(set(paths))
+
+
+# ----- sockets beside the process group (seccomp)
+# A rank may still make TCP sockets (the process group's, and any of its own, which tcp_flows counts
+# between the ranks). It may not make a UDP socket (datagrams between ranks, which the per-connection
+# counts would not see) or a Unix one (an abstract Unix socket is a channel between ranks where Landlock
+# is older than ABI 6; a socket file needs a folder two ranks share, which only a check hands them).
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+# Per machine: the audit arch, the number of socket(2), those of io_uring_setup/enter/register (io_uring
+# makes and connects sockets without calling socket(2)) and, on x86-64, the x32 ABI's bit.
+_MACHINES = {"x86_64": (0xC000003E, 41, (425, 426, 427), 0x40000000),
+             "aarch64": (0xC00000B7, 198, (425, 426, 427), None)}
+_LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # classic BPF: ld [k], jeq, jge, and, ret
+
+
+def _filter(machine: str) -> tuple[bytes, int]:
+    """The seccomp program (classic BPF over struct seccomp_data) and its length in instructions."""
+    arch, socket_nr, uring, x32 = _MACHINES[machine]
+    code, labels = [], {}
+
+    def emit(op, k, jump_true=None, jump_false=None):
+        code.append((op, jump_true, jump_false, k))
+
+    emit(_LD, 4)                                     # seccomp_data.arch
+    emit(_JEQ, arch, None, "deny")                   # another ABI (i386 through int 0x80, arm32): refused
+    emit(_LD, 0)                                     # seccomp_data.nr
+    if x32 is not None:
+        emit(_JGE, x32, "deny")
+    for number in uring:
+        emit(_JEQ, number, "deny")
+    emit(_JEQ, socket_nr, None, "allow")
+    emit(_LD, 16)                                    # args[0]: the address family
+    emit(_JEQ, socket.AF_UNIX, "deny")
+    emit(_JEQ, socket.AF_INET, "datagram")
+    emit(_JEQ, socket.AF_INET6, "datagram", "allow")
+    labels["datagram"] = len(code)
+    emit(_LD, 24)                                    # args[1]: the type (flags in its high bits)
+    emit(_AND, 0xF)
+    emit(_JEQ, socket.SOCK_DGRAM, "deny", "allow")
+    labels["allow"] = len(code)
+    emit(_RET, _RET_ALLOW)
+    labels["deny"] = len(code)
+    emit(_RET, _RET_EPERM)
+
+    def offset(label, index):  # jumps count the instructions to skip after this one
+        return 0 if label is None else labels[label] - index - 1
+
+    packed = b"".join(struct.pack("HBBI", op, offset(yes, index), offset(no, index), k)
+                      for index, (op, yes, no, k) in enumerate(code))
+    return packed, len(code)
+
+
+class _Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def deny_side_sockets() -> bool:
+    """Refuse Unix and UDP sockets (and io_uring) to this process and all it starts; False where this
+    machine's system call numbers are not known here (then nothing is refused)."""
+    machine = platform.machine()
+    if not sys.platform.startswith("linux") or machine not in _MACHINES:
+        return False
+    packed, count = _filter(machine)
+    instructions = ctypes.create_string_buffer(packed, len(packed))
+    program = _Program(count, ctypes.addressof(instructions))
+    libc = _syscall()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
+        raise _fail("prctl(PR_SET_SECCOMP)")
+    return True
