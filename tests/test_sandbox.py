@@ -194,3 +194,36 @@ def test_the_ranks_of_a_launch_reach_each_other_only_over_the_network(routes):
     refused = {name: said for name, said in found.items() if not said.startswith("refused")}
     assert not refused and len(found) == 12, found
     assert ranks[0]["cwd"] != ranks[1]["cwd"]  # a working folder of its own
+
+
+def test_no_landlock_means_no_sandbox_and_says_how_to_get_one(monkeypatch):
+    # Without Landlock the ranks of a launch could share files and read each other's memory: grading
+    # refuses (unless --no-sandbox, which marks every grade) and says what the kernel lacks.
+    from course_lib.grading import apart
+    from course_lib.grading import sandbox as sandbox_module
+
+    monkeypatch.setattr(apart, "landlock_abi", lambda: 0)
+    problem = sandbox_module.sandbox_problem()
+    assert problem is not None and "Landlock" in problem and "lsm=" in problem and "5.13" in problem, problem
+
+
+def test_the_socket_filter_refuses_unix_and_udp_sockets_only():
+    # The seccomp program itself, in a child process of its own (a filter cannot be removed).
+    code = """
+import socket
+from course_lib.grading.apart import deny_side_sockets
+print(deny_side_sockets())
+for family, kind in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_STREAM),
+                     (socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_DGRAM),
+                     (socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), (socket.AF_INET6, socket.SOCK_DGRAM)]:
+    try:
+        socket.socket(family, kind).close()
+        print("made")
+    except PermissionError:
+        print("refused")
+a, b = socket.socketpair()  # a connected pair reaches no other process: allowed
+print("pair")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "made", "made", "refused", "refused", "refused", "refused", "pair"]

@@ -111,6 +111,13 @@ def sandbox_problem() -> str | None:
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         return f"bwrap could not make a sandbox ({probe.stderr.strip() or probe.returncode}): {INSTALL_HINT}"
+    from . import apart
+
+    if apart.landlock_abi() < 1:  # each rank keeps itself apart from the others with it (apart.py)
+        return ("this kernel offers no Landlock (Linux 5.13 or later with landlock among its security modules, "
+                "see /sys/kernel/security/lsm; add it with the boot parameter lsm=landlock,...): without it the "
+                "ranks of one launch could share files and read each other's memory. Grade on such a kernel, "
+                "or with --no-sandbox")
     if os.geteuid() == 0 and _cgroup_roots() is None:
         return ("the grader runs as root, and the kernel does not limit the processes of root (RLIMIT_NPROC) "
                 "while no cgroup hierarchy with the pids and memory controllers is writable here: run the grader as "
