@@ -305,5 +305,40 @@ def ranks_apart(shared):
 
 shared_folder = tempfile.mkdtemp(dir=learner.scratch, prefix="shared-")
 outcome("ranks_apart", learner.launch, ranks_apart, 2, args=(shared_folder,), shared=[shared_folder])
+
+
+def leaves_things_behind(shared):
+    # A detached daemon, a file in the rank's own folder and one in the folder the check shares.
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(300)
+        os._exit(0)
+    with open("left-behind", "w") as f, open(os.path.join(shared, "left-behind"), "w") as g:
+        f.write("mine")
+        g.write("shared")
+    return [os.path.abspath("left-behind"), os.path.join(shared, "left-behind")]
+
+
+def finds_what_was_left(paths):
+    found = {}
+    for path in paths:
+        try:
+            found[path] = open(path).read()
+        except OSError as exc:
+            found[path] = f"refused: {exc.strerror}"
+    return found
+
+
+# One sandbox graded every submission of a judge in turn: emptied between two (judge.next_submission).
+box = learner.sandbox()
+left = learner.launch(leaves_things_behind, 1, args=(shared_folder,), shared=[shared_folder])[0]
+processes_before = len(box.processes_inside())
+reused = learner.empty_sandbox()
+outcomes["emptied"] = {"reused": reused, "same_sandbox": learner.sandbox() is box,
+                       "processes_before": processes_before, "processes_after": len(box.processes_inside()),
+                       "left_in_writable_folders": sorted(str(p) for folder in box.writable for p in folder.rglob("*")
+                                                          if p not in box._mount_points_in_writable_folders())}
+outcome("after_emptying", learner.call, finds_what_was_left, left)
 learner.end_sandbox()
 print("ALL " + json.dumps(outcomes, default=str), flush=True)

@@ -223,7 +223,22 @@ for family, kind in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, soc
         print("refused")
 a, b = socket.socketpair()  # a connected pair reaches no other process: allowed
 print("pair")
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("shm", libc.shmget(0, 4096, 0o1600), ctypes.get_errno())  # IPC_PRIVATE: refused with EPERM
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["True", "made", "made", "refused", "refused", "refused", "refused", "pair"]
+    assert run.stdout.split() == ["True", "made", "made", "refused", "refused", "refused", "refused", "pair",
+                                  "shm", "-1", "1"]
+
+
+def test_a_sandbox_emptied_for_the_next_submission_holds_nothing_of_the_last(routes):
+    """One judge grades several submissions in turn, in one sandbox emptied between two: the launch server
+    (which imports torch) is kept; every other process is killed and every writable folder emptied."""
+    emptied = routes["emptied"]
+    assert emptied["reused"] and emptied["same_sandbox"], emptied
+    assert emptied["processes_before"] > 3 and emptied["processes_after"] == 3, emptied  # bwrap, init, the server
+    assert emptied["left_in_writable_folders"] == [], emptied
+    found = routes["after_emptying"]["value"]
+    assert all(said.startswith("refused: No such file") for said in found.values()), found

@@ -20,7 +20,8 @@ makes a domain of its own:
 - with Landlock ABI 6 (Linux 6.12), it cannot connect to an abstract Unix socket, or signal a
   process, of another domain.
 
-- sockets (seccomp, ``deny_side_sockets``): it cannot make a Unix or a UDP socket, or use io_uring.
+- sockets (seccomp, ``deny_side_sockets``): it cannot make a Unix or a UDP socket, use io_uring, or
+  make System V or POSIX IPC objects.
 
 What is left between two ranks: TCP on the sandbox's loopback (what ``tcp_flows`` counts per pair of
 ranks), the folders a check shares, and what every process may read of another (``/proc/<pid>/stat``,
@@ -150,16 +151,18 @@ def _system_paths() -> list[str]:
 # is older than ABI 6; a socket file needs a folder two ranks share, which only a check hands them).
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1
-# Per machine: the audit arch, the number of socket(2), those of io_uring_setup/enter/register (io_uring
-# makes and connects sockets without calling socket(2)) and, on x86-64, the x32 ABI's bit.
-_MACHINES = {"x86_64": (0xC000003E, 41, (425, 426, 427), 0x40000000),
-             "aarch64": (0xC00000B7, 198, (425, 426, 427), None)}
+# Per machine: the audit arch, the number of socket(2), those refused outright and, on x86-64, the x32
+# ABI's bit. Refused: io_uring_setup/enter/register (io_uring makes and connects sockets without calling
+# socket(2)), and shmget, semget, msgget and mq_open (System V and POSIX IPC objects outlive the processes
+# that made them: a sandbox emptied for the next submission must hold nothing of the last one's).
+_MACHINES = {"x86_64": (0xC000003E, 41, (425, 426, 427, 29, 64, 68, 240), 0x40000000),
+             "aarch64": (0xC00000B7, 198, (425, 426, 427, 194, 190, 186, 180), None)}
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # classic BPF: ld [k], jeq, jge, and, ret
 
 
 def _filter(machine: str) -> tuple[bytes, int]:
     """The seccomp program (classic BPF over struct seccomp_data) and its length in instructions."""
-    arch, socket_nr, uring, x32 = _MACHINES[machine]
+    arch, socket_nr, refused, x32 = _MACHINES[machine]
     code, labels = [], {}
 
     def emit(op, k, jump_true=None, jump_false=None):
@@ -170,7 +173,7 @@ def _filter(machine: str) -> tuple[bytes, int]:
     emit(_LD, 0)                                     # seccomp_data.nr
     if x32 is not None:
         emit(_JGE, x32, "deny")
-    for number in uring:
+    for number in refused:
         emit(_JEQ, number, "deny")
     emit(_JEQ, socket_nr, None, "allow")
     emit(_LD, 16)                                    # args[0]: the address family
@@ -199,7 +202,7 @@ class _Program(ctypes.Structure):
 
 
 def deny_side_sockets() -> bool:
-    """Refuse Unix and UDP sockets (and io_uring) to this process and all it starts; False where this
+    """Refuse Unix and UDP sockets, io_uring and IPC objects to this process and all it starts; False where this
     machine's system call numbers are not known here (then nothing is refused)."""
     machine = platform.machine()
     if not sys.platform.startswith("linux") or machine not in _MACHINES:

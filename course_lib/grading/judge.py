@@ -298,6 +298,12 @@ class Learner:
         if self.grading and _state["sandboxed"]:
             launcher._sandbox_context(self.sandbox())
 
+    def empty_sandbox(self) -> bool:
+        """Empty this submission's sandbox for the next one (Sandbox.empty_for_the_next_submission);
+        False where there is none, or it cannot be reused."""
+        box = getattr(self, "_sandbox", None)
+        return box is not None and box.empty_for_the_next_submission()
+
     def end_sandbox(self) -> None:
         box = getattr(self, "_sandbox", None)
         if box is not None:
@@ -384,8 +390,9 @@ def next_submission() -> None:
         raise RuntimeError("the notebook's setup cell did not create its Learner")
     learner.cells.clear()
     learner.broken.clear()
-    learner.end_sandbox()  # nothing the last submission started survives into the next one's checks
-    learner.start_sandbox()  # here, in the grader's own cell: an answer cell's time is the answer's alone
+    if not learner.empty_sandbox():  # nothing the last submission started survives into the next one's checks
+        learner.end_sandbox()
+        learner.start_sandbox()  # here, in the grader's own cell: an answer cell's time is the answer's alone
     if learner.shell is None:
         return
     namespace = learner.shell.user_ns

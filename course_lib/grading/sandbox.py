@@ -543,12 +543,82 @@ class Sandbox:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(self.pid, 0)
 
+    def empty_for_the_next_submission(self) -> bool:
+        """Make this sandbox as the next submission would find a new one, without starting a new launch
+        server (which imports torch: most of what a sandbox costs a submission). Every process but bwrap,
+        its init and the launch server is killed, and every writable folder emptied. Nothing else of a
+        submission outlives it: its ranks were kept apart from the launch server (course_lib.grading.apart:
+        no tracing, no signals, no Unix sockets, no System V or POSIX message queues), so the server is as
+        it started. Only where Landlock keeps signals apart (ABI 6); False, and nothing done, where the
+        sandbox cannot be reused (then close it and make another)."""
+        from . import apart
+
+        if self.closed or self.ended_because or self.server is None or self.pid is None or _has_exited(self.pid):
+            return False
+        if apart.landlock_abi() < 6:  # a rank could signal the launch server, and so end the next submission's
+            return False
+        infrastructure = self.infrastructure_pids()
+        if len(infrastructure) != 3 or not all(_alive(pid) for pid in infrastructure):
+            return False
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            learners = [pid for pid in self.processes_inside() if pid not in infrastructure]
+            if not learners:
+                break
+            for pid in learners:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+        else:
+            return False  # processes that outlive every kill: end the sandbox instead
+        mount_points = self._mount_points_in_writable_folders()
+        for outside in self.writable:
+            _empty_folder(outside, mount_points)
+            if any(path not in mount_points for path in outside.rglob("*")):
+                return False
+        self.rank_pids.clear()
+        return True
+
+    def _mount_points_in_writable_folders(self) -> set[Path]:
+        """Where, outside, bwrap made the mount points of folders bound below a writable one (the scratch
+        folder, a course cloned below /tmp): those directories, and the ones leading to them, must stay."""
+        kept = set()
+        for outside, inside in self.writable.items():
+            for bound in [self.scratch, *map(Path, _read_only_paths())]:
+                if bound != outside and str(bound).startswith(inside.rstrip("/") + "/"):
+                    path = outside / Path(str(bound)[len(inside.rstrip("/")) + 1:])
+                    while path != outside:
+                        kept.add(path)
+                        path = path.parent
+        return kept
+
     def close(self) -> None:
         self.closed = True
         self.end()
         if self.cgroups is not None:
             self.cgroups.remove()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _empty_folder(folder: Path, keep: set[Path]) -> None:
+    """Remove everything in ``folder`` but the directories in ``keep`` (whose other contents go)."""
+    for entry in list(folder.iterdir()):
+        if entry in keep and entry.is_dir() and not entry.is_symlink():
+            _empty_folder(entry, keep)
+        elif entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (not gone, not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 @functools.lru_cache(maxsize=None)
