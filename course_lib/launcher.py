@@ -914,7 +914,12 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
     if spec.judged is not None and spec.judged.run_as is not None:
         _drop_privileges(spec.judged.run_as)  # before the parent-death signal: setuid clears it
     if spec.judged is not None and spec.judged.apart is not None:
-        _keep_apart(spec.judged.apart)  # while this process has one thread: the watchdog below is another
+        try:
+            _keep_apart(spec.judged.apart)  # while this process has one thread: the watchdog below is another
+        except Exception as exc:  # noqa: BLE001 - the grader's failure, not the learner's: say so
+            _report(result_conn, (_RESULT_ERROR, "SandboxUnavailable",
+                                  f"the rank could not be kept apart from the others ({type(exc).__name__}: {exc})", []))
+            os._exit(1)
     _die_with_parent(spec.kernel_pid)
 
     import torch

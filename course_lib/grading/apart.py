@@ -106,7 +106,7 @@ def keep_rank_apart(private: str, shared: list[str], readable: list[str]) -> int
     everything = handled
     try:
         grants = [(path, READ) for path in _system_paths() + list(readable)]
-        grants += [(device, READ_FILE | WRITE_FILE | (TRUNCATE & handled)) for device in DEVICES]
+        grants += [(device, READ_FILE | WRITE_FILE | (TRUNCATE & handled)) for device in [*DEVICES, *_gpu_devices()]]
         grants += [(path, everything) for path in [private, *shared]]
         for path, access in grants:
             _allow(libc, ruleset, path, access & handled)
@@ -117,6 +117,14 @@ def keep_rank_apart(private: str, shared: list[str], readable: list[str]) -> int
     finally:
         os.close(ruleset)
     return abi
+
+
+def _gpu_devices() -> list[str]:
+    """A GPU grader's device files (CUDA opens /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia0, ...): the
+    sandbox binds them in, and a rank may use them (Landlock leaves their ioctls alone here)."""
+    import glob
+
+    return sorted(glob.glob("/dev/nvidia*"))
 
 
 def _allow(libc, ruleset: int, path: str, access: int) -> None:
