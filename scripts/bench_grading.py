@@ -75,7 +75,7 @@ def main(argv):
     if options.compare == "sandbox":
         print(f"  unconfined (--no-sandbox): {plain:6.1f} s ({plain / n:.2f} s per notebook), "
               f"{right_plain}/{n} scored as expected")
-        print(f"  each in its sandbox:       {boxed:6.1f} s ({boxed / n:.2f} s per notebook), "
+        print(f"  sandboxed:                 {boxed:6.1f} s ({boxed / n:.2f} s per notebook), "
               f"{right_boxed}/{n} scored as expected")
         print(f"  the sandbox costs {boxed / plain:.2f}x; target at most 1.5x: {'met' if boxed <= 1.5 * plain else 'NOT met'}")
         return 0 if right_plain == right_boxed == n else 1
