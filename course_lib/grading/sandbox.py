@@ -1,14 +1,14 @@
 """The sandbox a submission's code runs in while it is graded (Linux, bubblewrap).
 
 Introduced with the graded exercises (chapter 01 on). ``scripts/grade.py`` grades every
-submission with its learner side (the launch server and every rank it forks) inside one
-sandbox of its own, made by bubblewrap (``bwrap``, Debian's ``bubblewrap``: the tool Flatpak
+submission with its learner side (the launch server and every rank it forks) inside a
+sandbox that holds nothing of any other submission, made by bubblewrap (``bwrap``, Debian's ``bubblewrap``: the tool Flatpak
 confines its applications with). Inside:
 
 * its own **user namespace**: the code runs as uid 65534 with no capabilities;
 * its own **pid namespace**: it sees only its own processes, cannot signal the judge, and
-  everything in it (a detached, double-forked daemon too) dies when the sandbox ends, which
-  is when the judge moves on to the next submission or exits (``--die-with-parent``);
+  everything in it (a detached, double-forked daemon too) is killed before the judge moves on to
+  the next submission, and dies when the judge exits (``--die-with-parent``);
 * its own **network namespace**: a loopback of its own where the ranks talk; the judge's
   kernel, other submissions' ranks and every port of the host are out of reach;
 * its own **mount namespace**: the Python environment and ``course_lib`` read-only, a private
@@ -16,7 +16,16 @@ confines its applications with). Inside:
   grades, no notebook holding hidden tests, no connection file of a kernel;
 * **limits**: processes (a cgroup's ``pids.max`` when the grader is root, else
   ``RLIMIT_NPROC``, which the kernel does not enforce for root), memory (the cgroup's limit, or a
-  watchdog in the judge that ends the sandbox), CPU seconds and file size per process.
+  watchdog in the judge that ends the sandbox), CPU seconds and file size per process;
+* inside it, **each rank apart** from the others and from the launch server (course_lib.grading.apart:
+  a Landlock domain of its own and a seccomp filter): what one rank knows reaches another only over TCP.
+
+A judge that grades several submissions in turn keeps its sandbox and empties it between two
+(``empty_for_the_next_submission``: every process but bwrap, its init and the launch server killed,
+every writable folder emptied), so the launch server's import of PyTorch is paid once per judge.
+That holds nothing of the last submission because its ranks could not change the launch server
+(no tracing or signals across Landlock domains, ABI 6) nor leave IPC objects; on an older Landlock,
+every submission gets a new sandbox.
 
 The judge talks to the sandbox only over what it hands in: the launch server's listening
 socket and, per rank, the pipes of its result, its release and its output. It measures from
