@@ -103,11 +103,10 @@ def keep_rank_apart(private: str, shared: list[str], readable: list[str]) -> int
     if ruleset < 0:
         raise _fail("landlock_create_ruleset")
     os.makedirs(private, mode=0o700, exist_ok=True)
-    everything = handled
     try:
         grants = [(path, READ) for path in _system_paths() + list(readable)]
         grants += [(device, READ_FILE | WRITE_FILE | (TRUNCATE & handled)) for device in [*DEVICES, *_gpu_devices()]]
-        grants += [(path, everything) for path in [private, *shared]]
+        grants += [(path, handled) for path in [private, *shared]]
         for path, access in grants:
             _allow(libc, ruleset, path, access & handled)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
