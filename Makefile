@@ -16,7 +16,7 @@
 #                            allows (make test-latest: the newest), each in its own environment
 #   make site                the executed lessons as static HTML in site/ (index = the README, the learners' page; docs/ beside it)
 #   make browser-deps        Playwright + Chromium, so `make test` also runs every lesson in a real browser
-#   make hub                 JupyterHub for a class on this server (docs/instructors.md: "Hosting a class"), HUB_PORT=8000
+#   make hub HUB_ROSTER=F    JupyterHub for a class on this server, as root: a user, namespaces and limits per learner (docs/instructors.md: "Hosting a class")
 #
 # CPU-only machine?  make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # installs PyTorch's small CPU wheels instead of the default CUDA build from PyPI.

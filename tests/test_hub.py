@@ -1,15 +1,28 @@
-"""A class on one server: the course's JupyterHub (`make hub`), as an instructor runs it.
+"""A class on one server: the course's JupyterHub (`make hub`), as an instructor runs it, and as
+learners (and one hostile learner) use it.
 
-Starts the hub from jupyter/jupyterhub_config.py on a free port with its own state folder,
-adds three learners through the REST API (the instructor's token), starts their servers, and
-checks each server's limits (its cores; its memory cgroup where the hub can make one). Then
-every learner runs chapter 01's lesson at the same moment, cell by cell, through the hub's URL
-(the Jupyter server's REST API and the kernel's websocket, behind the proxy), with no error and
-no failed check. Each learner's exercise notebook is collected from the learner's folder as
-docs/instructors.md says and graded by scripts/grade.py (untouched: 0 points, and a feedback file). At the
-end the servers and the hub are stopped and no process of theirs may be left.
+Starts the hub from jupyter/jupyterhub_config.py, as root, on a free port with HTTPS (a
+certificate made for the test), a roster of three learners and an admin, its own state folder
+and its own folder of homes. Every learner logs in through the login form with a password of
+their own (set at the first login) and works with a token made from that login, never the
+instructor's. Then:
 
-Needs the `hub` extra and the proxy (`make hub-deps`); without them the test is skipped with
+* every learner runs chapter 01's lesson at the same moment, cell by cell, through the hub's URL
+  (the Jupyter server's REST API and the kernel's websocket, behind the proxy), with no error and
+  no failed check; the exercise notebooks are collected from the homes as docs/instructors.md says
+  and graded by scripts/grade.py;
+* ada, as an attacker: her token gets 403 on grace's server and is refused grace's user record;
+  from her kernel she cannot read grace's files, the hub's state, solutions/, tests/ or .git, nor
+  write the course's library; she cannot connect to a port grace listens on (grace can); a memory
+  hog of hers is killed by her own limit, a fork bomb stops at her process limit, and her
+  `kill -9 -1` ends only her own processes, while grace trains on 4 ranks and the hub keeps
+  answering;
+* linus's idle kernel is shut down by the culler.
+
+At the end the servers and the hub are stopped, no process of theirs (or of the learners' users)
+may be left, and the test removes the users it made.
+
+Needs root, the `hub` extra and the proxy (`make hub-deps`); without them the test is skipped with
 the reason, unless COURSE_REQUIRE_HUB=1 (CI), where it fails instead.
 """
 
@@ -19,12 +32,15 @@ import csv
 import datetime
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -40,12 +56,17 @@ CONFIG = REPO / "jupyter" / "jupyterhub_config.py"
 PROXY = REPO / ".venv" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 HUB = Path(sys.executable).parent / "jupyterhub"
 LEARNERS = ["ada", "grace", "linus"]
+ADMIN = "teacher"
 LESSON = "01_collectives.ipynb"
 CELL_TIMEOUT_S = 300
+KERNEL_IDLE_S = 20
 
 
 def _missing_requirements() -> str | None:
+    if os.geteuid() != 0:
+        return "the class hub runs as root (it makes a user, namespaces and cgroups per learner)"
     try:
+        import firstuseauthenticator  # noqa: F401
         import jupyterhub  # noqa: F401
         import jupyterhub_idle_culler  # noqa: F401
         import requests  # noqa: F401
@@ -54,6 +75,9 @@ def _missing_requirements() -> str | None:
         return f"the hub extra is not installed ({exc.name}): run `make hub-deps`"
     if not HUB.exists() or not PROXY.exists():
         return f"{HUB if not HUB.exists() else PROXY} is missing: run `make hub-deps`"
+    for tool in ("ip", "useradd", "userdel", "openssl"):
+        if not shutil.which(tool):
+            return f"`{tool}` is missing (Debian: iproute2, passwd, openssl)"
     return None
 
 
@@ -69,13 +93,15 @@ def _free_port() -> int:
 
 
 class Hub:
-    """The hub's REST API, as the instructor's service uses it."""
+    """The hub's REST API with one token: the instructor's service's, or a learner's own."""
 
-    def __init__(self, url: str, token: str):
+    def __init__(self, url: str, token: str, verify: str):
         import requests
 
         self.url, self.token = url, token
         self.http = requests.Session()
+        self.http.trust_env = False  # else REQUESTS_CA_BUNDLE, where set, replaces the hub's certificate
+        self.http.verify = verify
         self.http.headers["Authorization"] = f"token {token}"
 
     def api(self, method: str, path: str, **kwargs):
@@ -99,60 +125,225 @@ class Hub:
         return self.api("GET", f"users/{name}").get("servers", {}).get("")
 
 
+def log_in(url: str, name: str, password: str, verify: str):
+    """Log in through the login form, as a browser does; the response and the session."""
+    import requests
+
+    browser = requests.Session()
+    browser.trust_env = False
+    browser.verify = verify
+    browser.get(f"{url}/hub/login", timeout=60).raise_for_status()
+    response = browser.post(f"{url}/hub/login", timeout=60, allow_redirects=False,
+                            data={"username": name, "password": password, "_xsrf": browser.cookies.get("_xsrf")})
+    return response, browser
+
+
+def learner_hub(url: str, name: str, password: str, verify: str) -> Hub:
+    """The learner's own API token, made with the session of a login through the form."""
+    response, browser = log_in(url, name, password, verify)
+    assert response.status_code == 302, f"{name} could not log in: {response.status_code} {response.text[:300]}"
+    made = browser.post(f"{url}/hub/api/users/{name}/tokens", json={"note": "hub test"}, timeout=60,
+                        headers={"X-XSRFToken": browser.cookies.get("_xsrf")})
+    made.raise_for_status()
+    return Hub(url, made.json()["token"], verify)
+
+
 def _message(msg_type: str, content: dict, channel: str) -> dict:
     return {"header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": "test", "session": "hub-test",
                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": "5.3"},
             "parent_header": {}, "metadata": {}, "content": content, "channel": channel, "buffers": []}
 
 
+class Kernel:
+    """A kernel of a learner's server, through the hub's proxy, with the learner's token."""
+
+    def __init__(self, hub: Hub, learner: str, path: str):
+        import ssl
+
+        import websocket
+
+        self.hub, self.server = hub, f"{hub.url}/user/{learner}"
+        response = hub.http.post(f"{self.server}/api/sessions", timeout=120, json={
+            "path": path, "type": "notebook", "name": Path(path).name, "kernel": {"name": "python3"}})
+        response.raise_for_status()
+        self.session = response.json()
+        channels = f"{self.server.replace('http', 'ws', 1)}/api/kernels/{self.session['kernel']['id']}/channels"
+        self.ws = websocket.create_connection(channels, header=[f"Authorization: token {hub.token}"],
+                                              timeout=CELL_TIMEOUT_S, sslopt={"ca_certs": hub.http.verify,
+                                                                              "cert_reqs": ssl.CERT_REQUIRED})
+
+    def send(self, code: str) -> str:
+        request = _message("execute_request", {"code": code, "silent": False, "store_history": True,
+                                               "user_expressions": {}, "allow_stdin": False,
+                                               "stop_on_error": True}, "shell")
+        self.ws.send(json.dumps(request))
+        return request["header"]["msg_id"]
+
+    def wait(self, msg_id: str) -> tuple[str, str | None]:
+        """The text the request printed and its error (None if it ran to the end)."""
+        text, failure, replied, idle = [], None, False, False
+        while not (replied and idle):
+            message = json.loads(self.ws.recv())
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "execute_reply":
+                replied = True
+                if content["status"] != "ok":
+                    failure = f"{content.get('ename')}: {content.get('evalue')}"
+            elif kind == "status" and content["execution_state"] == "idle":
+                idle = True
+            elif kind == "stream":
+                text.append(content["text"])
+            elif kind in ("execute_result", "display_data"):
+                text.append(content.get("data", {}).get("text/plain", ""))
+        return "".join(text), failure
+
+    def run(self, code: str) -> str:
+        text, failure = self.wait(self.send(code))
+        assert failure is None, f"{self.server}: {failure}\n{text}"
+        return text
+
+    def json(self, code: str):
+        """Run ``code``, which prints one JSON line last; that value."""
+        return json.loads(self.run(textwrap.dedent(code)).strip().splitlines()[-1])
+
+    def close(self, delete: bool = True) -> None:
+        self.ws.close()
+        if delete:
+            self.hub.http.delete(f"{self.server}/api/sessions/{self.session['id']}", timeout=60)
+
+
 def run_lesson(hub: Hub, learner: str) -> dict:
     """Run the learner's copy of the lesson in a kernel of their server, through the hub's proxy."""
-    import websocket
-
-    server = f"{hub.url}/user/{learner}"
     started = time.monotonic()
-    response = hub.http.post(f"{server}/api/sessions", timeout=120, json={
-        "path": f"notebooks/{LESSON}", "type": "notebook", "name": LESSON, "kernel": {"name": "python3"}})
-    response.raise_for_status()
-    session = response.json()
-    channels = f"{server.replace('http', 'ws', 1)}/api/kernels/{session['kernel']['id']}/channels"
-    ws = websocket.create_connection(channels, header=[f"Authorization: token {hub.token}"], timeout=CELL_TIMEOUT_S)
+    kernel = Kernel(hub, learner, f"notebooks/{LESSON}")
     text, failure = [], None
     try:
         nb = nbformat.read(REPO / "notebooks" / LESSON, as_version=4)
         for number, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
-            request = _message("execute_request", {"code": cell.source, "silent": False, "store_history": True,
-                                                   "user_expressions": {}, "allow_stdin": False,
-                                                   "stop_on_error": True}, "shell")
-            ws.send(json.dumps(request))
-            replied = idle = False
-            while not (replied and idle):
-                message = json.loads(ws.recv())
-                if message.get("parent_header", {}).get("msg_id") != request["header"]["msg_id"]:
-                    continue
-                kind, content = message["msg_type"], message["content"]
-                if kind == "execute_reply":
-                    replied = True
-                    if content["status"] != "ok":
-                        failure = f"code cell {number}: {content.get('ename')}: {content.get('evalue')}"
-                elif kind == "status" and content["execution_state"] == "idle":
-                    idle = True
-                elif kind == "stream":
-                    text.append(content["text"])
-                elif kind in ("execute_result", "display_data"):
-                    text.append(content.get("data", {}).get("text/plain", ""))
-            if failure:
+            output, error = kernel.wait(kernel.send(cell.source))
+            text.append(output)
+            if error:
+                failure = f"code cell {number}: {error}"
                 break
     finally:
-        ws.close()
-        hub.http.delete(f"{server}/api/sessions/{session['id']}", timeout=60)
+        kernel.close()
     output = "".join(text)
     return {"learner": learner, "seconds": time.monotonic() - started, "failure": failure,
             "passed": output.count("\u2714"), "failed": output.count("\u2718")}
 
 
-def _processes_of(hub_process: psutil.Process, state: Path) -> list[psutil.Process]:
-    """The hub, everything it started, and anything running with a learner's home as HOME."""
+# What ada's kernel tries (paths filled in by the test); each value says what happened.
+PROBE = """
+import json, os, pwd
+
+def attempt(action, path):
+    try:
+        action(path)
+        return "allowed"
+    except OSError as error:
+        return type(error).__name__
+
+def read(path):
+    with open(path, "rb") as f:
+        f.read(1)
+
+def append(path):
+    with open(path, "ab"):
+        pass
+
+def listing(path):
+    return sorted(os.listdir(path)) if os.path.isdir(path) else "absent"
+
+print(json.dumps({
+    "user": pwd.getpwuid(os.getuid()).pw_name,
+    "own lesson": attempt(read, os.path.expanduser("~/notebooks/01_collectives.ipynb")),
+    "grace's lesson": attempt(read, GRACE_HOME + "/notebooks/01_collectives.ipynb"),
+    "hub state": [attempt(read, STATE + "/" + name) for name in ("api_token", "cookie_secret", "jupyterhub.sqlite")],
+    "solutions": listing(REPO + "/solutions"),
+    "tests": listing(REPO + "/tests"),
+    "git": listing(REPO + "/.git"),
+    "lessons": len(listing(REPO + "/notebooks")),
+    "write the library": attempt(append, REPO + "/course_lib/__init__.py"),
+    "write the kernel set-up": attempt(append, REPO + "/.venv/etc/ipython/ipython_kernel_config.py"),
+}))
+"""
+
+LISTEN = """
+import json, socket, psutil
+listener = socket.socket()
+listener.bind(("0.0.0.0", 0))
+listener.listen()
+port = listener.getsockname()[1]
+with socket.create_connection(("127.0.0.1", port), timeout=5):
+    pass  # it does listen: grace herself can connect
+print(json.dumps({"port": port, "address": psutil.net_if_addrs()["eth0"][0].address}))
+"""
+
+CONNECT = """
+import json, socket
+
+def connect(address):
+    try:
+        with socket.create_connection((address, PORT), timeout=5):
+            return "connected"
+    except OSError as error:
+        return type(error).__name__
+
+print(json.dumps({"loopback": connect("127.0.0.1"), "grace's address": connect(ADDRESS)}))
+"""
+
+# grace trains on 4 ranks (all-reduces of a gradient-sized tensor, 15 s) while ada attacks.
+TRAIN = """
+import time, torch, torch.distributed as dist
+from course_lib import launch
+
+def train(seconds):
+    grad, steps, started = torch.ones(1 << 18), 0, time.monotonic()
+    while time.monotonic() - started < seconds:
+        dist.all_reduce(grad)
+        grad.div_(dist.get_world_size())
+        steps += 1
+    return steps, grad[0].item()
+
+results = launch(train, world_size=4, args=(15,), timeout=120)
+assert all(value == 1.0 for _, value in results), results
+print("trained", min(steps for steps, _ in results), "steps")
+"""
+
+MEMORY_HOG = """
+import json, subprocess, sys
+hog = subprocess.run([sys.executable, "-c", "b = b'1' * (3 << 30)"])
+print(json.dumps({"returncode": hog.returncode}))
+"""
+
+FORK_BOMB = """
+import json, subprocess, sys
+bomb = (  # each child lets go of the pipes and sleeps; a safety net of 2,000 processes under the cgroup's limit
+    "import os, resource, time\\n"
+    "resource.setrlimit(resource.RLIMIT_NPROC, (2000, 2000))\\n"
+    "forked = 0\\n"
+    "try:\\n"
+    "    while True:\\n"
+    "        if os.fork() == 0:\\n"
+    "            quiet = os.open(os.devnull, os.O_WRONLY)\\n"
+    "            os.dup2(quiet, 1)\\n"
+    "            os.dup2(quiet, 2)\\n"
+    "            time.sleep(300)\\n"
+    "            os._exit(0)\\n"
+    "        forked += 1\\n"
+    "except OSError as error:\\n"
+    "    print(forked, error.errno)\\n"
+)
+done = subprocess.run([sys.executable, "-c", bomb], capture_output=True, text=True, timeout=120)
+forked, errno = done.stdout.split()
+print(json.dumps({"forked": int(forked), "errno": int(errno)}))
+"""
+
+
+def _processes_of(hub_process: psutil.Process, homes: Path) -> list[psutil.Process]:
+    """The hub, everything it started, and anything running as a learner's user."""
     found = {hub_process.pid: hub_process} if hub_process.is_running() else {}
     try:
         found.update({p.pid: p for p in hub_process.children(recursive=True)})
@@ -160,96 +351,185 @@ def _processes_of(hub_process: psutil.Process, state: Path) -> list[psutil.Proce
         pass
     for process in psutil.process_iter():
         try:
-            if process.environ().get("HOME", "").startswith(str(state)):
+            if process.username().startswith("jupyter-") or process.environ().get("HOME", "").startswith(str(homes)):
                 found[process.pid] = process
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError):
             continue
     return [p for p in found.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_a_class_runs_a_lesson_and_hands_in_through_the_hub(tmp_path):
+def _certificate(folder: Path) -> tuple[Path, Path]:
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def _remove_users():
+    for name in [*LEARNERS, ADMIN]:
+        subprocess.run(["userdel", "--remove", f"jupyter-{name}"], capture_output=True, timeout=60)
+
+
+def _ada_attacks(url, instructor, learners, homes, state) -> None:
+    ada, grace = learners["ada"], learners["grace"]
+    assert ada.http.get(f"{url}/user/grace/api/contents", timeout=60).status_code == 403
+    assert ada.http.get(f"{url}/hub/api/users/grace", timeout=60).status_code in (403, 404)
+    probe = Kernel(ada, "ada", "probe.ipynb")
+    seen = probe.json(f"GRACE_HOME, STATE, REPO = {str(homes / 'jupyter-grace')!r}, {str(state)!r}, {str(REPO)!r}"
+                      + PROBE)
+    assert seen["user"] == "jupyter-ada" and seen["own lesson"] == "allowed", seen
+    assert seen["grace's lesson"] == "PermissionError", seen
+    assert all(outcome != "allowed" for outcome in seen["hub state"]), seen
+    assert all(seen[name] in ([], "absent") for name in ("solutions", "tests", "git")), seen
+    assert seen["lessons"] >= 12, seen
+    assert seen["write the library"] != "allowed" and seen["write the kernel set-up"] != "allowed", seen
+
+    listening = Kernel(grace, "grace", "listen.ipynb")
+    where = listening.json(LISTEN)
+    tried = probe.json(f"PORT, ADDRESS = {where['port']}, {where['address']!r}" + CONNECT)
+    assert tried["loopback"] == "ConnectionRefusedError" and tried["grace's address"] != "connected", tried
+
+    training = Kernel(grace, "grace", "train.ipynb")
+    training_request = training.send(TRAIN)
+    time.sleep(3)  # grace's ranks are up
+    hog = probe.json(MEMORY_HOG)
+    assert hog["returncode"] == -signal.SIGKILL, hog  # the OOM killer, in ada's cgroup only
+    bomb = probe.json(FORK_BOMB)
+    assert bomb["errno"] == 11 and bomb["forked"] < 400, bomb  # EAGAIN at ada's process limit
+    probe.send("import os; os.kill(-1, 9)")  # every process ada may signal: all of hers, nothing else
+    trained, failure = training.wait(training_request)
+    assert failure is None and "trained" in trained, (failure, trained)
+    assert instructor.api("GET", "") is not None
+    instructor.wait_until("ada's server ended by her kill -9 -1",
+                          lambda: not (instructor.server("ada") or {}).get("ready"), 120)
+    probe.close(delete=False)
+    listening.close()
+    training.close()
+
+
+def _an_idle_kernel_is_culled(url, linus: Hub) -> None:
+    idle = Kernel(linus, "linus", "idle.ipynb")
+    idle.run("1 + 1")
+    idle.close(delete=False)
+    kernels = lambda: linus.http.get(f"{url}/user/linus/api/kernels", timeout=60).json()  # noqa: E731
+    assert kernels(), "the kernel should still be there"
+    linus.wait_until("linus's idle kernel culled", lambda: kernels() == [], KERNEL_IDLE_S + 90)
+
+
+def _hand_in_and_grade(tmp_path, homes, env) -> None:
+    """docs/instructors.md's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/."""
+    submissions, exercises = tmp_path / "SUBMISSIONS", tmp_path / "exercises"
+    exercises.mkdir()
+    shutil.copy(REPO / "exercises" / LESSON, exercises)
+    guide = (REPO / "docs" / "instructors.md").read_text().splitlines()
+    collect = "\n".join(line.strip() for line in guide if line.strip().startswith(("mkdir SUBMISSIONS", "for home in")))
+    assert collect.count("\n") == 1, collect
+    subprocess.run(["bash", "-c", collect], cwd=tmp_path, env={**env, "HUB_HOMES": str(homes)}, check=True)
+    graded = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(submissions),
+                             "--exercises", str(exercises)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    with open(submissions / "grades.csv") as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    assert set(rows) == set(LEARNERS)
+    for name in LEARNERS:  # untouched exercises: nothing earned, but graded and explained
+        assert float(rows[name]["total"]) == 0 and float(rows[name]["max"]) > 0, rows[name]
+        assert "FAILED" in (submissions / name / "feedback.txt").read_text()
+
+
+@pytest.mark.timeout(1500)
+def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
+    import requests
+
     state, port, token = tmp_path / "hub", _free_port(), secrets.token_hex(32)
+    homes = Path(tempfile.mkdtemp(prefix="course-hub-homes-", dir="/var/tmp"))
+    homes.chmod(0o711)  # learners reach their own home through it
+    roster = tmp_path / "roster.txt"
+    roster.write_text("# the class\n" + "\n".join(LEARNERS) + "\n")
+    cert, key = _certificate(tmp_path)
     env = {**os.environ, "HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state),
-           "HUB_API_TOKEN": token, "HUB_PASSWORD": secrets.token_urlsafe(12), "HUB_CPUS_PER_LEARNER": "1"}
+           "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN, "HUB_HOMES": str(homes),
+           "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_CPUS_PER_LEARNER": "1",
+           "HUB_MEMORY_PER_LEARNER": "2G", "HUB_PROCESSES_PER_LEARNER": "400",
+           "HUB_KERNEL_IDLE_SECONDS": str(KERNEL_IDLE_S)}
+    _remove_users()
     log = open(tmp_path / "hub.log", "wb")
     process = subprocess.Popen([str(HUB), "-f", str(CONFIG)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     hub_process = psutil.Process(process.pid)
-    hub = Hub(f"http://127.0.0.1:{port}", token)
-    timings = {}
+    url = f"https://127.0.0.1:{port}"
+    instructor = Hub(url, token, str(cert))
+    passwords = {name: secrets.token_urlsafe(12) for name in [*LEARNERS, ADMIN]}
+    timings, started = {}, time.monotonic()
     try:
-        started = time.monotonic()
-        hub.wait_until("the hub answers", lambda: hub.api("GET", "") is not None, 90)
-        services = {s["name"] for s in hub.api("GET", "services").values()}
-        assert {"instructor", "idle-culler"} <= services
+        instructor.wait_until("the hub answers over HTTPS", lambda: instructor.api("GET", "") is not None, 90)
+        assert {"instructor", "idle-culler"} <= {s["name"] for s in instructor.api("GET", "services").values()}
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/hub/login", timeout=10)  # plain HTTP: no answer
 
-        hub.api("POST", "users", json={"usernames": LEARNERS})
-        for name in LEARNERS:
-            hub.http.post(f"{hub.url}/hub/api/users/{name}/server", timeout=300).raise_for_status()
-        for name in LEARNERS:
+        # Logins: a password of one's own, set at the first login; a wrong one, or a name off the roster, is refused.
+        learners = {name: learner_hub(url, name, passwords[name], str(cert)) for name in LEARNERS}
+        assert log_in(url, "ada", passwords["ada"] + "x", str(cert))[0].status_code != 302
+        assert log_in(url, "mallory", secrets.token_urlsafe(12), str(cert))[0].status_code != 302
+        response, admin = log_in(url, ADMIN, passwords[ADMIN], str(cert))
+        assert response.status_code == 302
+        assert admin.get(f"{url}/hub/admin", timeout=60).status_code == 200
+
+        for name, hub in learners.items():
+            hub.http.post(f"{url}/hub/api/users/{name}/server", timeout=300).raise_for_status()
+        for name, hub in learners.items():
             hub.wait_until(f"{name}'s server is ready", lambda: (hub.server(name) or {}).get("ready"), 300)
         timings["hub and 3 servers up"] = time.monotonic() - started
-
-        # Each learner: their own copy of the course, their own core, their own memory cgroup.
-        cores = sorted(os.sched_getaffinity(0))
-        for name in LEARNERS:
-            home = state / "learners" / name
+        for name in LEARNERS:  # each learner's own user, private home and copy of the course
+            user = pwd.getpwnam(f"jupyter-{name}")
+            home = Path(user.pw_dir)
+            assert home.parent == homes and home.stat().st_mode & 0o777 == 0o700 and home.stat().st_uid == user.pw_uid
             assert (home / "notebooks" / LESSON).exists() and (home / "exercises" / LESSON).exists()
-            pid = hub.server(name)["state"]["pid"]
-            assert len(psutil.Process(pid).cpu_affinity()) == (1 if len(cores) > 1 else len(cores))
-            cgroup_line = [line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-                           if "memory" in line.split(":")[1].split(",") or line.startswith("0::")][0]
-            logged = (tmp_path / "hub.log").read_text()
-            if f"Memory of {name} limited to" in logged:
-                assert f"-{name}" in cgroup_line, cgroup_line
-            else:
-                assert f"Memory limit of {name} is advisory only" in logged
+            assert psutil.Process(instructor.server(name)["state"]["pid"]).uids().real == user.pw_uid
 
         started = time.monotonic()
         with ThreadPoolExecutor(len(LEARNERS)) as pool:
-            outcomes = list(pool.map(lambda name: run_lesson(hub, name), LEARNERS))
+            outcomes = list(pool.map(lambda name: run_lesson(learners[name], name), LEARNERS))
         timings[f"{LESSON} in 3 learners at once"] = time.monotonic() - started
         for outcome in outcomes:
             assert outcome["failure"] is None and outcome["failed"] == 0 and outcome["passed"] > 0, outcome
 
-        # Hand-in, with docs/instructors.md's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/.
         started = time.monotonic()
-        submissions, exercises = tmp_path / "SUBMISSIONS", tmp_path / "exercises"
-        exercises.mkdir()
-        shutil.copy(REPO / "exercises" / LESSON, exercises)
-        collect = ('mkdir SUBMISSIONS\n'
-                   'for learner in "$HUB_STATE"/learners/*; do cp -r "$learner/exercises" '
-                   '"SUBMISSIONS/$(basename "$learner")"; done')
-        subprocess.run(["bash", "-c", collect], cwd=tmp_path, env={**env, "HUB_STATE": str(state)}, check=True)
-        graded = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(submissions),
-                                 "--exercises", str(exercises)], cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert graded.returncode == 0, graded.stdout + graded.stderr
-        with open(submissions / "grades.csv") as f:
-            rows = {row["student"]: row for row in csv.DictReader(f)}
-        assert set(rows) == set(LEARNERS)
-        for name in LEARNERS:  # untouched exercises: nothing earned, but graded and explained
-            assert float(rows[name]["total"]) == 0 and float(rows[name]["max"]) > 0, rows[name]
-            assert "FAILED" in (submissions / name / "feedback.txt").read_text()
+        _hand_in_and_grade(tmp_path, homes, env)
         timings["collect and grade"] = time.monotonic() - started
 
         started = time.monotonic()
+        _ada_attacks(url, instructor, learners, homes, state)
+        timings["ada's attacks"] = time.monotonic() - started
+
+        started = time.monotonic()
+        _an_idle_kernel_is_culled(url, learners["linus"])
+        timings["an idle kernel culled"] = time.monotonic() - started
+
+        started = time.monotonic()
         for name in LEARNERS:
-            hub.http.delete(f"{hub.url}/hub/api/users/{name}/server", timeout=120).raise_for_status()
+            instructor.http.delete(f"{url}/hub/api/users/{name}/server", timeout=120)
         for name in LEARNERS:
-            hub.wait_until(f"{name}'s server stopped", lambda: hub.server(name) is None, 120)
+            instructor.wait_until(f"{name}'s server stopped", lambda: instructor.server(name) is None, 120)
     finally:
-        before_stop = _processes_of(hub_process, state)
+        before_stop = _processes_of(hub_process, homes)
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
-        _, alive = psutil.wait_procs([p for p in before_stop if p.pid != process.pid], timeout=15)
-        left = _processes_of(hub_process, state)
+        psutil.wait_procs([p for p in before_stop if p.pid != process.pid], timeout=15)
+        left = _processes_of(hub_process, homes)
         for leftover in left:
             leftover.kill()
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        cgroups = [str(path) for path in Path("/sys/fs/cgroup").rglob("course-hub-*")]
+        _remove_users()
+        shutil.rmtree(homes, ignore_errors=True)
     timings["stop"] = time.monotonic() - started
     print("; ".join(f"{what} {seconds:.0f} s" for what, seconds in timings.items()))
     assert not left, "left running: " + "; ".join(" ".join(p.cmdline())[:100] for p in left)
+    assert "course-" not in namespaces, namespaces
+    assert not cgroups, cgroups
     assert process.returncode is not None

@@ -1,0 +1,365 @@
+"""The class hub's spawner (jupyter/jupyterhub_config.py): each learner's JupyterLab runs
+
+* as a Unix user of the learner's own, ``jupyter-NAME``, made by the hub, with a home of its own
+  (mode 700) that gets a copy of notebooks/ and exercises/ on the first start;
+* in a network namespace of its own, joined to the machine by one veth pair: the learner's ranks
+  talk over a loopback no other learner reaches, and the namespace has no route to any other
+  learner's (only the hub, on the pair's other end, and the proxy, from the machine, reach it);
+* in a mount namespace of its own, where the course's solutions/, tests/ and .git, the hub's
+  state folder, and the machine's /tmp and /dev/shm are replaced by empty folders (a private /tmp
+  and /dev/shm): what is left to read is the course's lessons, library and Python environment;
+* in cgroups the learner cannot write: memory (no swap), processes and CPU time, so a memory hog,
+  a fork bomb or a busy loop costs only its own learner.
+
+The hub must run as root (it makes users, namespaces and cgroups). Made in the hub's process,
+before the learner's server starts (``make_preexec_fn``): nothing of it can be undone by the
+learner's code, which never runs with more than the learner's own user id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
+from traitlets import Integer, List, Unicode
+
+CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+
+
+def _checked(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    encode = lambda text: None if text is None else text.encode()  # noqa: E731
+    _checked(_libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)), f"mount {target}")
+
+
+def _run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=60)
+
+
+# --------------------------------------------------------------------------
+# The learner's Unix user
+# --------------------------------------------------------------------------
+def system_user(learner: str, homes: Path) -> pwd.struct_passwd:
+    """``jupyter-NAME``, made on the first start (TLJH's naming), its home private to it."""
+    name = f"jupyter-{learner}"
+    try:
+        user = pwd.getpwnam(name)
+    except KeyError:
+        homes.mkdir(parents=True, exist_ok=True)
+        _run("useradd", "--home-dir", str(homes / name), "--create-home", "--shell", "/bin/bash",
+             "--user-group", "--comment", f"course learner {learner}", name)
+        user = pwd.getpwnam(name)
+    os.chmod(user.pw_dir, 0o700)
+    return user
+
+
+def remove_system_user(learner: str) -> None:
+    """For a test's clean-up: the user and its home."""
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _run("userdel", "--remove", f"jupyter-{learner}")
+
+
+def copy_course(course: Path, home: Path, folders, user: pwd.struct_passwd) -> None:
+    """The learner's own copy of ``folders`` (owned by the learner), on the first start only."""
+    for folder in folders:
+        target = home / folder
+        if target.exists():
+            continue
+        shutil.copytree(course / folder, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        for path in [target, *target.rglob("*")]:
+            os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+
+
+# --------------------------------------------------------------------------
+# The learner's network: a namespace and one veth pair
+# --------------------------------------------------------------------------
+def addresses(index: int, network: str = "10.213") -> tuple[str, str]:
+    """(the machine's end, the learner's end) of learner ``index``'s /30 link."""
+    base = 4 * index
+    prefix = f"{network}.{base // 256}."
+    return prefix + str(base % 256 + 1), prefix + str(base % 256 + 2)
+
+
+def make_network(namespace: str, host_link: str, host_ip: str, learner_ip: str) -> None:
+    remove_network(namespace, host_link)
+    _run("ip", "netns", "add", namespace)
+    _run("ip", "link", "add", host_link, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+    _run("ip", "addr", "add", f"{host_ip}/30", "dev", host_link)
+    _run("ip", "link", "set", host_link, "up")
+    inside = ("ip", "netns", "exec", namespace, "ip")
+    _run(*inside, "addr", "add", f"{learner_ip}/30", "dev", "eth0")
+    _run(*inside, "link", "set", "eth0", "up")
+    _run(*inside, "link", "set", "lo", "up")
+
+
+def remove_network(namespace: str, host_link: str) -> None:
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _run("ip", "link", "del", host_link)
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _run("ip", "netns", "del", namespace)
+
+
+# --------------------------------------------------------------------------
+# The learner's limits: cgroups (v1 or v2) the learner cannot write
+# --------------------------------------------------------------------------
+def _own_cgroup_v1(controller: str) -> Path | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            mount = Path("/sys/fs/cgroup") / controller
+            return mount / path.lstrip("/") if mount.is_dir() else None
+    return None
+
+
+def cgroup_problem() -> str | None:
+    """Why the hub cannot limit learners here, or None."""
+    if os.geteuid() != 0:
+        return "the hub must run as root (it makes a user, namespaces and cgroups for each learner)"
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").exists():
+        missing = {"memory", "pids", "cpu"} - set((base / "cgroup.subtree_control").read_text().split())
+        return f"cgroup v2 controllers {sorted(missing)} are not enabled in {base}/cgroup.subtree_control" \
+            if missing else None
+    missing = [name for name in ("memory", "pids", "cpu") if _own_cgroup_v1(name) is None]
+    return f"no cgroup v1 hierarchy for {missing} under /sys/fs/cgroup" if missing else None
+
+
+class LearnerCgroups:
+    """One learner's cgroups: memory without swap, a number of processes, a share of CPU time."""
+
+    def __init__(self, name: str):
+        base = Path("/sys/fs/cgroup")
+        self.v2 = (base / "cgroup.controllers").exists()
+        if self.v2:
+            self.dirs = {"all": base / name}
+        else:
+            self.dirs = {controller: _own_cgroup_v1(controller) / name for controller in ("memory", "pids", "cpu")}
+
+    def make(self, memory_bytes: int, processes: int, cpus: float) -> "LearnerCgroups":
+        for folder in self.dirs.values():
+            folder.mkdir(exist_ok=True)
+        period = 100_000
+        quota = max(1000, int(cpus * period))
+        if self.v2:
+            folder = self.dirs["all"]
+            (folder / "memory.max").write_text(str(memory_bytes))
+            (folder / "memory.swap.max").write_text("0")
+            (folder / "pids.max").write_text(str(processes))
+            (folder / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            memory = self.dirs["memory"]
+            (memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            with contextlib.suppress(OSError):  # only where the kernel accounts swap
+                (memory / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+            (self.dirs["pids"] / "pids.max").write_text(str(processes))
+            (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(period))
+            (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
+        return self
+
+    def join(self) -> None:
+        """Move this process (the learner's server, before it starts) into the cgroups."""
+        for folder in self.dirs.values():
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+
+    def processes(self) -> set[int]:
+        found = set()
+        for folder in self.dirs.values():
+            with contextlib.suppress(OSError):
+                found |= {int(pid) for pid in (folder / "cgroup.procs").read_text().split()}
+        return found
+
+    def remove(self) -> None:
+        for folder in self.dirs.values():
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+# --------------------------------------------------------------------------
+# The learner's view of the files
+# --------------------------------------------------------------------------
+def blocked_directories(paths) -> list[Path]:
+    """Directories on the way to ``paths`` (not the paths themselves: a home is its owner's) that
+    others cannot enter (a course under /root), shallowest first."""
+    blocked = set()
+    for path in paths:
+        for directory in reversed(path.parents):
+            if directory != Path("/") and not directory.stat().st_mode & stat.S_IXOTH:
+                blocked.add(directory)
+    return sorted(blocked, key=lambda d: len(d.parts))
+
+
+SHARED_SCRATCH = (Path("/tmp"), Path("/dev/shm"))  # replaced by a private, empty one for each learner
+
+
+def private_view(needed, hidden, stash: Path, replaced: dict) -> None:
+    """In a new mount namespace (this process, as root): cover /tmp, /dev/shm and each directory
+    on the way to ``needed`` that learners cannot enter (a course under /root) with a tmpfs that
+    holds only the way through to ``needed``, then cover each of ``hidden`` with an empty tmpfs and
+    each file in ``replaced`` with its replacement. ``stash``: a root-only folder outside everything
+    covered, for the way's bind mounts."""
+    _checked(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    covered = sorted(set(blocked_directories(needed)) | {d for d in SHARED_SCRATCH if d.is_dir()},
+                     key=lambda d: len(d.parts))
+    for number, directory in enumerate(covered):
+        kept = stash / str(number)
+        kept.mkdir(parents=True, exist_ok=True)
+        _mount(str(directory), str(kept), None, MS_BIND | MS_REC)
+        _mount("tmpfs", str(directory), "tmpfs", 0, "mode=1777" if directory in SHARED_SCRATCH else "mode=755")
+        for child in sorted({p.relative_to(directory).parts[0] for p in needed if directory in p.parents}):
+            (directory / child).mkdir() if (kept / child).is_dir() else (directory / child).touch()
+            _mount(str(kept / child), str(directory / child), None, MS_BIND | MS_REC)
+    for path in hidden:
+        if Path(path).is_dir():  # (one under a covered directory is already out of sight)
+            _mount("tmpfs", str(path), "tmpfs", 0, "mode=755")
+    for target, replacement in replaced.items():
+        _mount(str(replacement), str(target), None, MS_BIND)
+
+
+def names_without_dns(folder: Path) -> dict:
+    """A learner's namespace reaches no name server: host names come from /etc/hosts alone. (Else
+    every lookup waits for one, and fails: torch's c10d then warns "The hostname of the client
+    socket cannot be retrieved" at each connection.)"""
+    nsswitch = Path("/etc/nsswitch.conf")
+    if not nsswitch.exists():
+        return {}
+    lines = ["hosts: files" if line.split(":")[0].strip() == "hosts" else line
+             for line in nsswitch.read_text().splitlines()]
+    replacement = folder / "nsswitch.conf"
+    replacement.write_text("\n".join(lines) + "\n")
+    replacement.chmod(0o644)
+    return {nsswitch: replacement}
+
+
+# --------------------------------------------------------------------------
+# The spawner
+# --------------------------------------------------------------------------
+class LearnerSpawner(LocalProcessSpawner):
+    """One JupyterLab per learner: own user, own network and mount namespaces, limits in cgroups."""
+
+    homes = Unicode("/home", config=True, help="Where the learners' homes are made")
+    course = Unicode(config=True, help="The course's folder (the repository)")
+    copied_folders = List(["notebooks", "exercises"], config=True, help="Copied into each home at the first start")
+    hidden = List(config=True, help="Folders learners must not see (covered by an empty tmpfs)")
+    state = Unicode(config=True, help="The hub's state folder (root only)")
+    hub_port = Integer(config=True, help="The hub's port, reached from a learner's namespace on the pair's end")
+    processes_limit = Integer(512, config=True, help="Processes (and threads) a learner may have at once")
+    network = Unicode("10.213", config=True, help="The first two octets of the learners' /30 links")
+
+    _indexes: dict = {}  # learner -> index of their link
+
+    @property
+    def _tag(self) -> str:
+        return hashlib.sha256(f"{self.state}{self.user.name}".encode()).hexdigest()[:8]
+
+    @property
+    def cgroup_name(self) -> str:
+        return f"course-hub-{self._tag}"
+
+    @property
+    def namespace(self) -> str:
+        return f"course-{self._tag}"
+
+    @property
+    def host_link(self) -> str:
+        return f"crs{self._tag}"  # at most 15 characters
+
+    @property
+    def _index(self) -> int:
+        if self.user.name not in self._indexes:
+            taken = set(self._indexes.values())
+            self._indexes[self.user.name] = next(i for i in range(1, 16384) if i not in taken)
+        return self._indexes[self.user.name]
+
+    def _user(self) -> pwd.struct_passwd:
+        return system_user(self.user.name, Path(self.homes))
+
+    def user_env(self, env):
+        user = self._user()
+        env.update(USER=user.pw_name, LOGNAME=user.pw_name, HOME=user.pw_dir, SHELL=user.pw_shell,
+                   JUPYTER_RUNTIME_DIR="/tmp/jupyter-runtime")
+        return env
+
+    async def start(self):
+        problem = cgroup_problem()
+        if problem:
+            raise RuntimeError(f"Cannot start {self.user.name}'s server with limits: {problem}")
+        user = self._user()
+        copy_course(Path(self.course), Path(user.pw_dir), self.copied_folders, user)
+        host_ip, learner_ip = addresses(self._index, self.network)
+        await asyncio.to_thread(make_network, self.namespace, self.host_link, host_ip, learner_ip)
+        self.cgroups = LearnerCgroups(self.cgroup_name).make(int(self.mem_limit or 2 * 2**30), self.processes_limit,
+                                                             float(self.cpu_limit or 1))
+        self.ip = learner_ip
+        self.hub_connect_url = f"http://{host_ip}:{self.hub_port}"
+        self.log.info("%s: user %s, network %s (%s), limits %.1f GiB, %d processes, %.1f CPUs", self.user.name,
+                      user.pw_name, self.namespace, learner_ip, int(self.mem_limit or 0) / 2**30,
+                      self.processes_limit, float(self.cpu_limit or 1))
+        return await super().start()
+
+    def make_preexec_fn(self, name):
+        user = self._user()
+        become_learner = set_user_setuid(user.pw_name)
+        namespace_file = f"/run/netns/{self.namespace}"
+        cgroups = self.cgroups
+        python = Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()
+        needed = [Path(self.course).resolve(), *python, Path(user.pw_dir)]
+        hidden_folders = list(self.hidden)
+        stash = Path("/run/course-hub") / self._tag  # not under anything covered
+        stash.mkdir(parents=True, exist_ok=True, mode=0o700)
+        replaced = names_without_dns(stash.parent)
+
+        def preexec():  # in the server's process, as root, before it starts: inherited by all it starts
+            cgroups.join()
+            with open(namespace_file) as namespace:
+                _checked(_libc.setns(namespace.fileno(), CLONE_NEWNET), "setns(network)")
+            private_view(needed, hidden_folders, stash, replaced)
+            become_learner()
+
+        return preexec
+
+    async def stop(self, now=False):
+        await super().stop(now=now)
+        await self._clean_up()
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None and self.user.name in self._indexes:
+            await self._clean_up()  # the server ended by itself (its learner's kill -9 -1): nothing of it stays
+        return status
+
+    async def _clean_up(self) -> None:
+        """Stop whatever of the learner's still runs (a rank whose kernel was killed), then remove the
+        learner's cgroups and network namespace (also after a hub restart, which forgets self.cgroups)."""
+        cgroups = LearnerCgroups(self.cgroup_name)
+        if any(folder.exists() for folder in cgroups.dirs.values()):
+            for _ in range(50):
+                left = cgroups.processes()
+                if not left:
+                    break
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, 9)
+                await asyncio.sleep(0.1)
+            cgroups.remove()
+        await asyncio.to_thread(remove_network, self.namespace, self.host_link)
+        shutil.rmtree(Path("/run/course-hub") / self._tag, ignore_errors=True)
+        self._indexes.pop(self.user.name, None)
