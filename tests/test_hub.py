@@ -29,8 +29,6 @@ the reason, unless COURSE_REQUIRE_HUB=1 (CI), where it fails instead.
 from __future__ import annotations
 
 import csv
-import datetime
-import json
 import os
 import pwd
 import secrets
@@ -40,25 +38,23 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import nbformat
 import psutil
 import pytest
 from optional import skip_or_fail
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jupyter"))
+from hub_client import Hub, Kernel, learner_hub, log_in, remove_users, run_notebook, start_hub, stop_hub  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "jupyter" / "jupyterhub_config.py"
 PROXY = REPO / ".venv" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 HUB = Path(sys.executable).parent / "jupyterhub"
 LEARNERS = ["ada", "grace", "linus"]
 ADMIN = "teacher"
 LESSON = "01_collectives.ipynb"
-CELL_TIMEOUT_S = 300
 KERNEL_IDLE_S = 20
 
 
@@ -90,148 +86,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Hub:
-    """The hub's REST API with one token: the instructor's service's, or a learner's own."""
-
-    def __init__(self, url: str, token: str, verify: str):
-        import requests
-
-        self.url, self.token = url, token
-        self.http = requests.Session()
-        self.http.trust_env = False  # else REQUESTS_CA_BUNDLE, where set, replaces the hub's certificate
-        self.http.verify = verify
-        self.http.headers["Authorization"] = f"token {token}"
-
-    def api(self, method: str, path: str, **kwargs):
-        response = self.http.request(method, f"{self.url}/hub/api/{path}", timeout=60, **kwargs)
-        response.raise_for_status()
-        return response.json() if response.content else None
-
-    def wait_until(self, what: str, ready, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                value = ready()
-                if value:
-                    return value
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"{what} within {timeout_s:g} s")
-
-    def server(self, name: str) -> dict | None:
-        return self.api("GET", f"users/{name}").get("servers", {}).get("")
-
-
-def log_in(url: str, name: str, password: str, verify: str):
-    """Log in through the login form, as a browser does; the response and the session."""
-    import requests
-
-    browser = requests.Session()
-    browser.trust_env = False
-    browser.verify = verify
-    browser.get(f"{url}/hub/login", timeout=60).raise_for_status()
-    response = browser.post(f"{url}/hub/login", timeout=60, allow_redirects=False,
-                            data={"username": name, "password": password, "_xsrf": browser.cookies.get("_xsrf")})
-    return response, browser
-
-
-def learner_hub(url: str, name: str, password: str, verify: str) -> Hub:
-    """The learner's own API token, made with the session of a login through the form."""
-    response, browser = log_in(url, name, password, verify)
-    assert response.status_code == 302, f"{name} could not log in: {response.status_code} {response.text[:300]}"
-    made = browser.post(f"{url}/hub/api/users/{name}/tokens", json={"note": "hub test"}, timeout=60,
-                        headers={"X-XSRFToken": browser.cookies.get("_xsrf")})
-    made.raise_for_status()
-    return Hub(url, made.json()["token"], verify)
-
-
-def _message(msg_type: str, content: dict, channel: str) -> dict:
-    return {"header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": "test", "session": "hub-test",
-                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "content": content, "channel": channel, "buffers": []}
-
-
-class Kernel:
-    """A kernel of a learner's server, through the hub's proxy, with the learner's token."""
-
-    def __init__(self, hub: Hub, learner: str, path: str):
-        import ssl
-
-        import websocket
-
-        self.hub, self.server = hub, f"{hub.url}/user/{learner}"
-        response = hub.http.post(f"{self.server}/api/sessions", timeout=120, json={
-            "path": path, "type": "notebook", "name": Path(path).name, "kernel": {"name": "python3"}})
-        response.raise_for_status()
-        self.session = response.json()
-        channels = f"{self.server.replace('http', 'ws', 1)}/api/kernels/{self.session['kernel']['id']}/channels"
-        self.ws = websocket.create_connection(channels, header=[f"Authorization: token {hub.token}"],
-                                              timeout=CELL_TIMEOUT_S, sslopt={"ca_certs": hub.http.verify,
-                                                                              "cert_reqs": ssl.CERT_REQUIRED})
-
-    def send(self, code: str) -> str:
-        request = _message("execute_request", {"code": code, "silent": False, "store_history": True,
-                                               "user_expressions": {}, "allow_stdin": False,
-                                               "stop_on_error": True}, "shell")
-        self.ws.send(json.dumps(request))
-        return request["header"]["msg_id"]
-
-    def wait(self, msg_id: str) -> tuple[str, str | None]:
-        """The text the request printed and its error (None if it ran to the end)."""
-        text, failure, replied, idle = [], None, False, False
-        while not (replied and idle):
-            message = json.loads(self.ws.recv())
-            if message.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind, content = message["msg_type"], message["content"]
-            if kind == "execute_reply":
-                replied = True
-                if content["status"] != "ok":
-                    failure = f"{content.get('ename')}: {content.get('evalue')}"
-            elif kind == "status" and content["execution_state"] == "idle":
-                idle = True
-            elif kind == "stream":
-                text.append(content["text"])
-            elif kind in ("execute_result", "display_data"):
-                text.append(content.get("data", {}).get("text/plain", ""))
-        return "".join(text), failure
-
-    def run(self, code: str) -> str:
-        text, failure = self.wait(self.send(code))
-        assert failure is None, f"{self.server}: {failure}\n{text}"
-        return text
-
-    def json(self, code: str):
-        """Run ``code``, which prints one JSON line last; that value."""
-        return json.loads(self.run(textwrap.dedent(code)).strip().splitlines()[-1])
-
-    def close(self, delete: bool = True) -> None:
-        self.ws.close()
-        if delete:
-            self.hub.http.delete(f"{self.server}/api/sessions/{self.session['id']}", timeout=60)
-
-
-def run_lesson(hub: Hub, learner: str) -> dict:
-    """Run the learner's copy of the lesson in a kernel of their server, through the hub's proxy."""
-    started = time.monotonic()
-    kernel = Kernel(hub, learner, f"notebooks/{LESSON}")
-    text, failure = [], None
-    try:
-        nb = nbformat.read(REPO / "notebooks" / LESSON, as_version=4)
-        for number, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
-            output, error = kernel.wait(kernel.send(cell.source))
-            text.append(output)
-            if error:
-                failure = f"code cell {number}: {error}"
-                break
-    finally:
-        kernel.close()
-    output = "".join(text)
-    return {"learner": learner, "seconds": time.monotonic() - started, "failure": failure,
-            "passed": output.count("\u2714"), "failed": output.count("\u2718")}
 
 
 # What ada's kernel tries (paths filled in by the test); each value says what happened.
@@ -367,8 +221,7 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
 
 
 def _remove_users():
-    for name in [*LEARNERS, ADMIN]:
-        subprocess.run(["userdel", "--remove", f"jupyter-{name}"], capture_output=True, timeout=60)
+    remove_users([*LEARNERS, ADMIN])
 
 
 def _ada_attacks(url, instructor, learners, homes, state) -> None:
@@ -447,15 +300,13 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     roster = tmp_path / "roster.txt"
     roster.write_text("# the class\n" + "\n".join(LEARNERS) + "\n")
     cert, key = _certificate(tmp_path)
-    env = {**os.environ, "HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state),
+    env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state),
            "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN, "HUB_HOMES": str(homes),
            "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_CPUS_PER_LEARNER": "1",
            "HUB_MEMORY_PER_LEARNER": "2G", "HUB_PROCESSES_PER_LEARNER": "400",
            "HUB_KERNEL_IDLE_SECONDS": str(KERNEL_IDLE_S)}
     _remove_users()
-    log = open(tmp_path / "hub.log", "wb")
-    process = subprocess.Popen([str(HUB), "-f", str(CONFIG)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = start_hub(env, tmp_path / "hub.log")
     hub_process = psutil.Process(process.pid)
     url = f"https://127.0.0.1:{port}"
     instructor = Hub(url, token, str(cert))
@@ -489,7 +340,8 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
 
         started = time.monotonic()
         with ThreadPoolExecutor(len(LEARNERS)) as pool:
-            outcomes = list(pool.map(lambda name: run_lesson(learners[name], name), LEARNERS))
+            outcomes = list(pool.map(lambda name: run_notebook(learners[name], name, REPO / "notebooks" / LESSON),
+                                     LEARNERS))
         timings[f"{LESSON} in 3 learners at once"] = time.monotonic() - started
         for outcome in outcomes:
             assert outcome["failure"] is None and outcome["failed"] == 0 and outcome["passed"] > 0, outcome
@@ -513,12 +365,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
             instructor.wait_until(f"{name}'s server stopped", lambda: instructor.server(name) is None, 120)
     finally:
         before_stop = _processes_of(hub_process, homes)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        stop_hub(process)
         psutil.wait_procs([p for p in before_stop if p.pid != process.pid], timeout=15)
         left = _processes_of(hub_process, homes)
         for leftover in left:
