@@ -1,6 +1,7 @@
 """A classroom on one server: N learners run the same chapter at the same moment.
 
     python scripts/classroom_load.py [--learners 10] [--notebooks notebooks/01_collectives.ipynb ...]
+    sudo .venv/bin/python scripts/classroom_load.py --hub [--learners 10] ...   # through the class hub
 
 Each learner is a fresh Jupyter kernel executing a private copy of the notebook top to
 bottom (nbclient, as JupyterLab's Run All does), all started together; kernels use local
@@ -13,6 +14,12 @@ over processes is what they use together) and resident size (RSS) of each kind o
 learner's notebook client, the kernel, its launch server, the launched ranks) at the moment
 they used the most together. With --tries N the whole run is repeated N times and every try
 is reported. A benchmark, not a test.
+
+With --hub (as root, after `make hub-deps`), the learners are real ones of the course's hub
+(jupyter/jupyterhub_config.py): each logs in through the form, gets a server of their own (their
+own user, namespaces and limits), and runs the notebook's cells in a kernel of that server through
+the hub's proxy, all at once; the memory then includes the hub, its proxy and every learner's
+Jupyter server.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import contextlib
 import multiprocessing as mp
 import os
 import platform
+import secrets
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -97,25 +106,29 @@ def _role(command: str, parent: int, servers: set[int]) -> str:
     return "other"
 
 
-def watch_processes(stop: threading.Event, marker: str, breakdown: dict) -> None:
-    """Every second, each of the run's processes' PSS, USS and RSS; keeps the sample with the most PSS."""
+def watch_processes(stop: threading.Event, marker: str, breakdown: dict, select=None, role_of=None) -> None:
+    """Every second, each of the run's processes' PSS, USS and RSS; keeps the sample with the most PSS.
+    select(process) says which processes are the run's (default: those with the run's marker)."""
+    select = select or (lambda process: process.environ().get("COURSE_CLASSROOM_RUN") == marker)
+    role_of = role_of or _role
+    roles = breakdown.setdefault("roles", ROLES)
     while not stop.is_set():
         found = []
         for process in psutil.process_iter(["pid", "ppid", "cmdline"]):
             try:
-                if process.pid != os.getpid() and process.environ().get("COURSE_CLASSROOM_RUN") == marker:
+                if process.pid != os.getpid() and select(process):
                     found.append((process, " ".join(process.info["cmdline"] or []), process.info["ppid"]))
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         servers = {process.pid for process, command, _ in found if "forkserver" in command}
-        sample = {role: [] for role in ROLES}
+        sample = {role: [] for role in roles}
         for process, command, parent in found:
             try:
                 memory = process.memory_full_info()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            sample[_role(command, parent, servers)].append((memory.pss, memory.uss, memory.rss))
-        total = sum(values[0] for role in ROLES for values in sample[role])
+            sample[role_of(command, parent, servers)].append((memory.pss, memory.uss, memory.rss))
+        total = sum(values[0] for role in roles for values in sample[role])
         if total > breakdown.get("total_pss", -1):
             breakdown.update(total_pss=total, sample=sample)
         stop.wait(1.0)
@@ -129,7 +142,7 @@ def print_breakdown(breakdown: dict, learners: int) -> None:
           f"({breakdown['total_pss'] / 2**30:.2f} GiB PSS in all, {breakdown['total_pss'] / 2**30 / learners:.2f} "
           f"GiB a learner); USS: the memory only that process uses")
     print(f"    {'process':<16}{'count':>6}{'PSS, all':>11}{'PSS each':>11}{'USS each':>11}{'RSS each':>11}")
-    for role in ROLES:
+    for role in breakdown.get("roles", ROLES):
         values = sample[role]
         if values:
             pss, uss, rss = (sum(v[i] for v in values) / 2**20 for i in range(3))
@@ -201,13 +214,136 @@ def _run_processes(marker: str) -> list[psutil.Process]:
     return leftovers
 
 
+
+# --------------------------------------------------------------------------
+# Through the class hub (--hub)
+# --------------------------------------------------------------------------
+HUB_ROLES = ("hub and proxy", "jupyter server", "kernel", "launch server", "ranks", "other")
+
+
+def _hub_role(command: str, parent: int, servers: set[int]) -> str:
+    if parent in servers:
+        return "ranks"
+    if "jupyterhub-singleuser" in command:
+        return "jupyter server"
+    if "ipykernel_launcher" in command:
+        return "kernel"
+    if "forkserver" in command:
+        return "launch server"
+    if "jupyterhub" in command or "configurable-http-proxy" in command:
+        return "hub and proxy"
+    return "other"
+
+
+def _of_the_hub(hub_pid: int):
+    def select(process: psutil.Process) -> bool:
+        if process.username().startswith("jupyter-learner"):
+            return True
+        return process.pid == hub_pid or hub_pid in {parent.pid for parent in process.parents()}
+    return select
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def through_hub(notebooks: list[str], learners: int) -> list[dict]:
+    """One class through the hub: start it, log every learner in, start their servers, run each notebook
+    in all of them at once; stop it. For each notebook: the outcomes, the wall time, the memory."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sys.path.insert(0, str(REPO / "jupyter"))
+    from hub_client import Hub, learner_hub, remove_users, run_notebook, start_hub, stop_hub
+
+    names = [f"learner{index:02d}" for index in range(learners)]
+    homes = Path(tempfile.mkdtemp(prefix="classroom-homes-", dir="/var/tmp"))
+    homes.chmod(0o711)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="classroom_hub_") as root:
+        roster, port, token = Path(root, "roster.txt"), _free_port(), secrets.token_hex(32)
+        roster.write_text("\n".join(names) + "\n")
+        env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(Path(root, "state")),
+               "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_HOMES": str(homes)}
+        remove_users(names)
+        time.sleep(3)
+        baseline = psutil.virtual_memory().used
+        process = start_hub(env, Path(root, "hub.log"))
+        url = f"http://127.0.0.1:{port}"
+        instructor = Hub(url, token)
+        try:
+            instructor.wait_until("the hub answers", lambda: instructor.api("GET", "") is not None, 120)
+            hubs = {name: learner_hub(url, name, secrets.token_urlsafe(12)) for name in names}
+            for name, hub in hubs.items():
+                hub.http.post(f"{url}/hub/api/users/{name}/server", timeout=600).raise_for_status()
+            for name, hub in hubs.items():
+                hub.wait_until(f"{name}'s server is ready", lambda: (hub.server(name) or {}).get("ready"), 600)
+            for notebook in notebooks:
+                samples, breakdown, stop = [], {"roles": HUB_ROLES}, threading.Event()
+                watchers = [threading.Thread(target=watch_memory, args=(stop, samples), daemon=True),
+                            threading.Thread(target=watch_processes, daemon=True,
+                                             args=(stop, "", breakdown, _of_the_hub(process.pid), _hub_role))]
+                for watcher in watchers:
+                    watcher.start()
+                started = time.perf_counter()
+                with ThreadPoolExecutor(learners) as pool:
+                    outcomes = list(pool.map(lambda name: run_notebook(hubs[name], name, REPO / notebook, 900), names))
+                wall = time.perf_counter() - started
+                stop.set()
+                for watcher in watchers:
+                    watcher.join()
+                runs.append({"notebook": notebook, "wall": wall, "peak_above_idle": max(samples) - baseline,
+                             "breakdown": breakdown,
+                             "outcomes": [{"seconds": o["seconds"], "clashes": o["clashes"],
+                                           "error": o["failure"] or ("a check failed" if o["failed"] else None)}
+                                          for o in outcomes]})
+        finally:
+            stop_hub(process)
+            time.sleep(5)
+            left = [p for p in psutil.process_iter() if _learners_process(p)]
+            remove_users(names)
+            shutil.rmtree(homes, ignore_errors=True)
+    for run in runs:
+        run["left"] = left
+    return runs
+
+
+def _learners_process(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error, KeyError):
+        return process.username().startswith("jupyter-learner")
+    return False
+
+
+def report(run: dict, notebook: str, learners: int) -> tuple:
+    """Print one notebook's run; its line of the summary table."""
+    outcomes = run["outcomes"]
+    passed = sum(o["error"] is None for o in outcomes)
+    clashes = sum(o["clashes"] for o in outcomes)
+    times = [o["seconds"] for o in outcomes]
+    per_learner = run["peak_above_idle"] / 2**30 / learners
+    print(f"  {Path(notebook).name}: {passed} of {learners} passed, wall {run['wall']:.0f} s "
+          f"(each learner {min(times):.0f}-{max(times):.0f} s, median {statistics.median(times):.0f} s), "
+          f"port clashes {clashes}, peak memory above idle {run['peak_above_idle'] / 2**30:.1f} GiB "
+          f"({per_learner:.2f} GiB a learner)")
+    for outcome in outcomes:
+        if outcome["error"]:
+            print(f"    failed: {outcome['error']}")
+    print_breakdown(run["breakdown"], learners)
+    return Path(notebook).stem, passed, run["wall"], clashes, per_learner
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--learners", type=int, default=10)
     parser.add_argument("--tries", type=int, default=1, help="repeat the whole run this many times")
     parser.add_argument("--notebooks", nargs="+",
                         default=["notebooks/01_collectives.ipynb", "notebooks/03_ddp.ipynb"])
+    parser.add_argument("--hub", action="store_true",
+                        help="the learners are real ones of the course's hub (root; make hub-deps first)")
     options = parser.parse_args()
+    if options.hub and os.geteuid() != 0:
+        parser.error("--hub starts the class hub, which runs as root: sudo .venv/bin/python scripts/classroom_load.py --hub")
     # Imported here, not at the top: each learner's process (spawned, so it imports this file)
     # stands for the learner's Jupyter server, which does not load torch.
     from course_lib.launcher import available_cpus
@@ -220,25 +356,18 @@ def main() -> int:
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
     summary = []
     for attempt in range(1, options.tries + 1):
-        print(f"try {attempt} of {options.tries}, {options.learners} learners")
+        print(f"try {attempt} of {options.tries}, {options.learners} learners" + (" through the hub" if options.hub else ""))
+        if options.hub:
+            runs = through_hub(options.notebooks, options.learners)
+            for run in runs:
+                summary.append((attempt, *report(run, run["notebook"], options.learners)))
+            print(f"  processes of the learners left after the hub stopped: {len(runs[0]['left']) if runs else 0}")
+            continue
         marker = f"{os.getpid()}-{time.time_ns()}"
         os.environ["COURSE_CLASSROOM_RUN"] = marker  # inherited by every kernel and worker we start
         for notebook in options.notebooks:
-            run = run_notebook(notebook, options.learners, marker)
-            outcomes = run["outcomes"]
-            passed = sum(o["error"] is None for o in outcomes)
-            clashes = sum(o["clashes"] for o in outcomes)
-            times = [o["seconds"] for o in outcomes]
-            per_learner = run["peak_above_idle"] / 2**30 / options.learners
-            print(f"  {Path(notebook).name}: {passed} of {options.learners} passed, wall {run['wall']:.0f} s "
-                  f"(each learner {min(times):.0f}-{max(times):.0f} s, median {statistics.median(times):.0f} s), "
-                  f"port clashes {clashes}, peak memory above idle {run['peak_above_idle'] / 2**30:.1f} GiB "
-                  f"({per_learner:.2f} GiB a learner)")
-            for outcome in outcomes:
-                if outcome["error"]:
-                    print(f"    failed: {outcome['error']}")
-            print_breakdown(run["breakdown"], options.learners)
-            summary.append((attempt, Path(notebook).stem, passed, run["wall"], clashes, per_learner))
+            summary.append((attempt, *report(run_notebook(notebook, options.learners, marker), notebook,
+                                             options.learners)))
         lingering, waited, leftovers = leftover_processes(marker)
         exiting = f" ({lingering} still exiting 5 s after the kernels stopped, the last gone after {waited:.0f} s)" \
             if lingering and not leftovers else ""
