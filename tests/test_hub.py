@@ -148,20 +148,24 @@ def connect(address):
 print(json.dumps({"loopback": connect("127.0.0.1"), "grace's address": connect(ADDRESS)}))
 """
 
-# grace trains on 4 ranks (all-reduces of a gradient-sized tensor, 15 s) while ada attacks.
+# grace trains on 4 ranks (all-reduces of a gradient-sized tensor, 30 s) while ada attacks.
 TRAIN = """
 import time, torch, torch.distributed as dist
 from course_lib import launch
 
 def train(seconds):
-    grad, steps, started = torch.ones(1 << 18), 0, time.monotonic()
-    while time.monotonic() - started < seconds:
+    # Rank 0's clock decides when to stop, and every rank hears it, so all run the same all-reduces.
+    grad, go, steps, started = torch.ones(1 << 18), torch.ones(1), 0, time.monotonic()
+    while True:
+        go.fill_(float(time.monotonic() - started < seconds))
+        dist.broadcast(go, src=0)
+        if go.item() == 0:
+            return steps, grad[0].item()
         dist.all_reduce(grad)
         grad.div_(dist.get_world_size())
         steps += 1
-    return steps, grad[0].item()
 
-results = launch(train, world_size=4, args=(15,), timeout=120)
+results = launch(train, world_size=4, args=(30,), timeout=120)
 assert all(value == 1.0 for _, value in results), results
 print("trained", min(steps for steps, _ in results), "steps")
 """
