@@ -151,15 +151,27 @@ class WorkerError(LaunchError):
         self.exc_type = exc_type
         self.message = message
         self.remote_traceback = remote_traceback
+        self.world_size = world_size
         self.also_failed = list(also_failed)  # other ranks' failures seen with this one (WorkerErrors)
-        also = "".join(f"\nRank {other.rank} failed too, with {other.exc_type}: {_first_line(other.message)}"
-                       for other in self.also_failed)
         others = world_size - 1 - len(self.also_failed)
         stopped = f"\nThe other {others} rank{'s were' if others != 1 else ' was'} stopped." if others else ""
-        super().__init__(
-            f"rank {rank} failed with {exc_type}: {message}\n"
-            f"{remote_traceback.rstrip()}{also}{stopped}"
-        )
+        super().__init__(self._report(stopped))
+
+    def _report(self, the_rest: str) -> str:
+        also = "".join(f"\nRank {other.rank} failed too, with {other.exc_type}: {_first_line(other.message)}"
+                       for other in self.also_failed)
+        return (f"rank {self.rank} failed with {self.exc_type}: {self.message}\n"
+                f"{self.remote_traceback.rstrip()}{also}{the_rest}")
+
+    def with_every_rank(self, finished, also_failed=()) -> "WorkerError":
+        """The report with a line for every other rank: the error it raised too, that it had
+        finished (returned its result), or that it was stopped."""
+        self.also_failed = sorted([*self.also_failed, *also_failed], key=lambda other: other.rank)
+        failed = {self.rank} | {other.rank for other in self.also_failed}
+        lines = [f"\nRank {rank} had finished." if rank in finished else f"\nRank {rank} was stopped."
+                 for rank in range(self.world_size) if rank not in failed]
+        self.args = (self._report("".join(lines)),)
+        return self
 
 
 def _first_line(text: str) -> str:
@@ -1591,7 +1603,12 @@ class _Waiter:
                 for ready in wait_for_any(self._watched(), timeout=poll):
                     self._handle(ready)
             except WorkerError as first:
-                raise self._with_the_others(first) from None
+                error = self._with_the_others(first)
+                self.pending.discard(error.rank)
+                late = self._what_is_waiting()
+                failed = {error.rank} | {other.rank for other in [*error.also_failed, *late]}
+                finished = set(range(self.world_size)) - self.pending - failed
+                raise error.with_every_rank(finished, late) from None
             now = time.monotonic()
             if fn_started is None and len(self.entered) == self.world_size:
                 fn_started, fn_waits = now, self._cpu_waits()
@@ -1613,6 +1630,21 @@ class _Waiter:
     def _watched(self) -> list:
         """What to wait on: each pending rank's result pipe and its process's exit."""
         return [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
+
+    def _what_is_waiting(self) -> list[WorkerError]:
+        """Read what the other ranks sent before the failure was reported (a result that came in at
+        the same moment is a rank that finished); the errors among it."""
+        errors = []
+        for rank in sorted(self.pending):
+            while rank in self.pending and self.conns[rank].poll():
+                try:
+                    self._handle(self.conns[rank])
+                except WorkerError as error:
+                    errors.append(error)
+                    self.pending.discard(rank)
+                except (EOFError, OSError):
+                    break
+        return errors
 
     def _with_the_others(self, first: WorkerError) -> WorkerError:
         """A rank that lost a connection is usually not the cause: watch the others a moment longer.
