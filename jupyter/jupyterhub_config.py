@@ -71,8 +71,12 @@ def _roster() -> set[str]:
     if not path:
         raise SystemExit("HUB_ROSTER is not set: give the hub a file with your learners' user names, one a line "
                          "(e.g. HUB_ROSTER=roster.txt make hub)")
+    if not Path(path).is_file():
+        raise SystemExit(f"HUB_ROSTER={path}: no such file (a file with your learners' user names, one a line)")
     names = {line.split("#")[0].strip().lower() for line in Path(path).read_text().splitlines()}
     names.discard("")
+    if not names:
+        raise SystemExit(f"HUB_ROSTER={path} names no learner (one user name a line)")
     bad = sorted(name for name in names if not _USER_NAME.fullmatch(name))
     if bad:
         raise SystemExit(f"{path}: {bad} are not user names the hub can make (lower-case letters, digits, '-' "
@@ -91,9 +95,13 @@ c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
 c.JupyterHub.ip = os.environ.get("HUB_IP", "")
 c.JupyterHub.port = int(os.environ.get("HUB_PORT") or 8000)
-if os.environ.get("HUB_SSL_CERT") or os.environ.get("HUB_SSL_KEY"):
-    c.JupyterHub.ssl_cert = os.environ["HUB_SSL_CERT"]
-    c.JupyterHub.ssl_key = os.environ["HUB_SSL_KEY"]
+CERTIFICATE = [os.environ.get("HUB_SSL_CERT"), os.environ.get("HUB_SSL_KEY")]
+if any(CERTIFICATE):
+    missing = [name for name, path in zip(("HUB_SSL_CERT", "HUB_SSL_KEY"), CERTIFICATE) if not path or not Path(path).is_file()]
+    if missing:
+        raise SystemExit(f"HTTPS needs both a certificate and its key as files: {' and '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} missing or not a file")
+    c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = CERTIFICATE
 # The hub's own API: reached by the proxy and the culler on 127.0.0.1, and by each learner's server
 # on its own link's machine end (LearnerSpawner), so it listens on every interface; its port is free
 # (two hubs, or a test beside a class, never collide) and every request to it needs a token.
@@ -111,6 +119,9 @@ c.JupyterHub.cleanup_servers = True  # stopping the hub stops every learner's se
 # Logins: the roster's learners and the instructor, each with a password of their own, set at the
 # first login (FirstUseAuthenticator, as The Littlest JupyterHub does); nobody else.
 ADMIN = os.environ.get("HUB_ADMIN") or "instructor"
+if not _USER_NAME.fullmatch(ADMIN):
+    raise SystemExit(f"HUB_ADMIN={ADMIN!r} is not a user name the hub can make (lower-case letters, digits, '-' and "
+                     "'_', starting with a letter, at most 20 characters)")
 LEARNERS = _roster()
 c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
 c.FirstUseAuthenticator.dbm_path = str(STATE / "passwords.dbm")

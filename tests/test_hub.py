@@ -384,3 +384,25 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     assert "course-" not in namespaces, namespaces
     assert not cgroups, cgroups
     assert process.returncode is not None
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({}, "HUB_ROSTER is not set"),
+    ({"HUB_ROSTER": "/nonexistent/roster.txt"}, "no such file"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_ADMIN": "Bad Name"}, "HUB_ADMIN='Bad Name' is not a user name"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_SSL_CERT": "CERT"}, "HUB_SSL_KEY is missing or not a file"),
+])
+def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, settings, says):
+    roster = tmp_path / "roster.txt"
+    roster.write_text("ada\n")
+    (tmp_path / "cert.pem").write_text("")
+    values = {name: {"ROSTER": str(roster), "CERT": str(tmp_path / "cert.pem")}.get(value, value)
+              for name, value in settings.items()}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HUB_")}
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; from traitlets.config import Config; path = sys.argv[1]; "
+                               "exec(compile(open(path).read(), path, 'exec'), {'get_config': Config, '__file__': path})",
+         str(REPO / "jupyter" / "jupyterhub_config.py")],
+        env={**env, "HUB_STATE": str(tmp_path / "state"), **values}, capture_output=True, text=True, timeout=60)
+    assert loaded.returncode != 0 and says in loaded.stderr, loaded.stderr[-2000:]
+    assert "Traceback" not in loaded.stderr, loaded.stderr[-2000:]
