@@ -944,7 +944,8 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
         if spec.judged is not None:
             # Counted before the learner's code: what starting the interpreter wrote (spawn's
             # fresh Python runs `ldconfig -p`, and a reaped child's writes count as the parent's).
-            _report(result_conn, (_RESULT_BASELINE, _bytes_written_so_far(spec)))
+            # Also its resident memory: what a check's memory rule measures growth from.
+            _report(result_conn, (_RESULT_BASELINE, _bytes_written_so_far(spec), _resident_bytes(os.getpid())))
             _run_prelude(spec.judged.prelude)
         fn, args, kwargs = cloudpickle.loads(spec.payload)
         if spec.backend is not None:
@@ -1567,6 +1568,7 @@ class _Waiter:
         self._helpers_sampled = 0.0
         self.measurements = [None] * len(procs)
         self.sampled_rss = [0] * len(procs)  # judged: the most resident memory seen from outside
+        self.start_rss = {}  # judged: each rank's resident memory before any learner code ran
         self.baselines = {}  # judged: rank -> bytes written before the learner's code ran
         self.world_size = len(procs)
         self.results = [None] * self.world_size
@@ -1685,6 +1687,7 @@ class _Waiter:
         kind = message[0]
         if kind == _RESULT_BASELINE:
             self.baselines[rank] = message[1]
+            self.start_rss[rank] = message[2] or 0
             if self.drains is not None:
                 self.drained_at_baseline[rank] = sum(drain.drained() for drain in self.drains[rank])
         elif kind == _RESULT_STARTED:
@@ -1717,7 +1720,8 @@ class _Waiter:
                     _RESULT_STARTED, _RESULT_BASELINE, _RESULT_ERROR, _RESULT_UNSENDABLE, _RESULT_OK):
                 raise ValueError
             if message[0] == _RESULT_BASELINE:
-                if rank in self.baselines or len(message) != 2 or not isinstance(message[1], (int, type(None))):
+                if rank in self.baselines or len(message) != 3 or not all(
+                        isinstance(value, (int, type(None))) for value in message[1:]):
                     raise ValueError  # once, before the learner's code: a second one is forged
             if message[0] in (_RESULT_ERROR, _RESULT_UNSENDABLE):
                 _, exc_type, text, frames = message
@@ -1817,6 +1821,8 @@ class _Waiter:
         ``peak_rss_bytes``: the process's peak resident memory: the larger of the kernel's
         high-water mark (VmHWM, which the process itself can reset through
         /proc/self/clear_refs) and the resident memory sampled from here every 10 ms.
+        ``start_rss_bytes``: its resident memory before any learner code ran (what it shares with
+        the launch server it was forked from, mostly): a rule on memory measures growth from it.
         Linux only (else None).
         """
         pid = self.procs[rank].pid
@@ -1838,6 +1844,7 @@ class _Waiter:
         # In a sandbox a rank's helpers count as its own: memory held by another process is still held.
         written = int(io_counts.get("wchar", 0)) - own
         return {"sent_bytes": written, "written_bytes": written, "peak_rss_bytes": peak + self.helper_peak,
+                "start_rss_bytes": self.start_rss.get(rank, 0),
                 "network_bytes": None,  # set by _measure_all in a sandbox
                 "sent_to": None, "sent_to_others": None}  # set by _measure_all when the check counts bytes
 

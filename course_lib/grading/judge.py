@@ -237,7 +237,7 @@ class Learner:
         sandbox, no other file is shared: each rank writes only to a folder of its own (its working
         directory), and cannot reach another rank's files or memory (course_lib.grading.apart).
         Returns the ranks' results (data only), and with measure=True also, per rank,
-        ``{"sent_bytes", "written_bytes", "peak_rss_bytes", "network_bytes", "sent_to", "sent_to_others"}`` as the operating
+        ``{"sent_bytes", "written_bytes", "peak_rss_bytes", "start_rss_bytes", "network_bytes", "sent_to", "sent_to_others"}`` as the operating
         system counted them (None off Linux). ``sent_bytes`` is what reached the other ranks over TCP
         (``sum(sent_to)``), or, where the socket table cannot be read outside a sandbox, what the rank wrote;
         ``written_bytes`` is what the rank wrote, to sockets and files alike (who wrote a checkpoint);
@@ -284,6 +284,18 @@ class Learner:
                 threads=None, show_output=False, live=False, startup_timeout=60, judged=judged)
             cache[key] = [m["sent_to"] for m in measured]
         return cache[key]
+
+    def reference_growth(self, fn, world_size: int, args=(), timeout: float = 60) -> list[int]:
+        """How much each rank's resident memory grew, from before any code of the check ran to its
+        peak, when the check's own ``fn(*args)`` runs: what a memory rule compares an answer's growth
+        with. Measured from outside, on fresh ranks that hold none of the learner's cells (never in
+        the learner's sandbox), as launch measures the learner's."""
+        judged = launcher._Judged(prelude=[], counts_bytes=False)
+        judged.payloads = [launcher._serialise_call(fn, tuple(args), {}) for _ in range(world_size)]
+        _, measured = launcher._launch(
+            fn, world_size, (), {}, timeout=timeout, backend="auto", init_process_group=True, start_method=None,
+            threads=None, show_output=False, live=False, startup_timeout=60, judged=judged)
+        return [m["peak_rss_bytes"] - m["start_rss_bytes"] for m in measured]
 
     def sandbox(self):
         """This submission's sandbox (grading): made at its first launch, ended by next_submission."""
