@@ -33,6 +33,8 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from traitlets import Integer, List, Unicode
 
+from course_lib.grading.sandbox import _own_cgroup_v1  # the grading sandbox's cgroups are found the same way
+
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -120,15 +122,6 @@ def remove_network(namespace: str, host_link: str) -> None:
 # --------------------------------------------------------------------------
 # The learner's limits: cgroups (v1 or v2) the learner cannot write
 # --------------------------------------------------------------------------
-def _own_cgroup_v1(controller: str) -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, names, path = line.split(":", 2)
-        if controller in names.split(","):
-            mount = Path("/sys/fs/cgroup") / controller
-            return mount / path.lstrip("/") if mount.is_dir() else None
-    return None
-
-
 def cgroup_problem() -> str | None:
     """Why the hub cannot limit learners here, or None."""
     if os.geteuid() != 0:
