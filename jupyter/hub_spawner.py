@@ -73,12 +73,6 @@ def system_user(learner: str, homes: Path) -> pwd.struct_passwd:
     return user
 
 
-def remove_system_user(learner: str) -> None:
-    """For a test's clean-up: the user and its home."""
-    with contextlib.suppress(subprocess.CalledProcessError):
-        _run("userdel", "--remove", f"jupyter-{learner}")
-
-
 def copy_course(course: Path, home: Path, folders, user: pwd.struct_passwd) -> None:
     """The learner's own copy of ``folders`` (owned by the learner), on the first start only."""
     for folder in folders:
@@ -282,11 +276,8 @@ class LearnerSpawner(LocalProcessSpawner):
             self._indexes[self.user.name] = next(i for i in range(1, 16384) if i not in taken)
         return self._indexes[self.user.name]
 
-    def _user(self) -> pwd.struct_passwd:
-        return system_user(self.user.name, Path(self.homes))
-
-    def user_env(self, env):
-        user = self._user()
+    def user_env(self, env):  # (called by start, after self.unix_user is set)
+        user = self.unix_user
         env.update(USER=user.pw_name, LOGNAME=user.pw_name, HOME=user.pw_dir, SHELL=user.pw_shell,
                    JUPYTER_RUNTIME_DIR="/tmp/jupyter-runtime")
         return env
@@ -295,7 +286,7 @@ class LearnerSpawner(LocalProcessSpawner):
         problem = cgroup_problem()
         if problem:
             raise RuntimeError(f"Cannot start {self.user.name}'s server with limits: {problem}")
-        user = self._user()
+        self.unix_user = user = system_user(self.user.name, Path(self.homes))
         copy_course(Path(self.course), Path(user.pw_dir), self.copied_folders, user)
         host_ip, learner_ip = addresses(self._index, self.network)
         await asyncio.to_thread(make_network, self.namespace, self.host_link, host_ip, learner_ip)
@@ -308,8 +299,8 @@ class LearnerSpawner(LocalProcessSpawner):
                       self.processes_limit, float(self.cpu_limit or 1))
         return await super().start()
 
-    def make_preexec_fn(self, name):
-        user = self._user()
+    def make_preexec_fn(self, name):  # (called by start, after self.unix_user is set)
+        user = self.unix_user
         become_learner = set_user_setuid(user.pw_name)
         namespace_file = f"/run/netns/{self.namespace}"
         cgroups = self.cgroups

@@ -31,7 +31,6 @@ import os
 import platform
 import secrets
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -243,16 +242,12 @@ def _of_the_hub(hub_pid: int):
     return select
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def through_hub(notebooks: list[str], learners: int) -> list[dict]:
     """One class through the hub: start it, log every learner in, start their servers, run each notebook
     in all of them at once; stop it. For each notebook: the outcomes, the wall time, the memory."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from course_lib.torchrun import free_port
 
     sys.path.insert(0, str(REPO / "jupyter"))
     from hub_client import Hub, learner_hub, remove_users, run_notebook, start_hub, stop_hub
@@ -262,7 +257,7 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
     homes.chmod(0o711)
     runs = []
     with tempfile.TemporaryDirectory(prefix="classroom_hub_") as root:
-        roster, port, token = Path(root, "roster.txt"), _free_port(), secrets.token_hex(32)
+        roster, port, token = Path(root, "roster.txt"), free_port(), secrets.token_hex(32)
         roster.write_text("\n".join(names) + "\n")
         env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(Path(root, "state")),
                "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_HOMES": str(homes)}

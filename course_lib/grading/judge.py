@@ -272,29 +272,19 @@ class Learner:
     def reference_flows(self, fn, world_size: int, rank_args, timeout: float = 30) -> list[list[int]]:
         """``sent_to`` of every rank (see launch) when the check's own ``fn`` runs: the pattern an
         exercise asks for, as this machine's backend carries it out (which tree a broadcast takes is
-        the backend's choice). ``fn`` runs on fresh ranks that hold none of the learner's cells, started
-        by the judge itself, never in the learner's sandbox; measured once per function and shapes."""
+        the backend's choice). Measured once per function and shapes (see _judge_side_run)."""
         key = (fn.__name__, world_size, _shapes(rank_args))
         cache = self.__dict__.setdefault("_reference_flows", {})
         if key not in cache:
-            judged = launcher._Judged(prelude=[], counts_bytes=True)
-            judged.payloads = [launcher._serialise_call(fn, tuple(rank_args[rank]), {}) for rank in range(world_size)]
-            _, measured = launcher._launch(
-                fn, world_size, (), {}, timeout=timeout, backend="auto", init_process_group=True, start_method=None,
-                threads=None, show_output=False, live=False, startup_timeout=60, judged=judged)
+            measured = _judge_side_run(fn, [tuple(args) for args in rank_args], counts_bytes=True, timeout=timeout)
             cache[key] = [m["sent_to"] for m in measured]
         return cache[key]
 
     def reference_growth(self, fn, world_size: int, args=(), timeout: float = 60) -> list[int]:
         """How much each rank's resident memory grew, from before any code of the check ran to its
         peak, when the check's own ``fn(*args)`` runs: what a memory rule compares an answer's growth
-        with. Measured from outside, on fresh ranks that hold none of the learner's cells (never in
-        the learner's sandbox), as launch measures the learner's."""
-        judged = launcher._Judged(prelude=[], counts_bytes=False)
-        judged.payloads = [launcher._serialise_call(fn, tuple(args), {}) for _ in range(world_size)]
-        _, measured = launcher._launch(
-            fn, world_size, (), {}, timeout=timeout, backend="auto", init_process_group=True, start_method=None,
-            threads=None, show_output=False, live=False, startup_timeout=60, judged=judged)
+        with, measured as launch measures the learner's (see _judge_side_run)."""
+        measured = _judge_side_run(fn, [tuple(args)] * world_size, counts_bytes=False, timeout=timeout)
         return [m["peak_rss_bytes"] - m["start_rss_bytes"] for m in measured]
 
     def sandbox(self):
@@ -349,6 +339,18 @@ class Learner:
             raise TypeError(f"the check's function or arguments cannot be sent to the learner side "
                             f"({type(exc).__name__}: {exc})") from None
         return buffer.getvalue()
+
+
+def _judge_side_run(fn, rank_args: list[tuple], counts_bytes: bool, timeout: float) -> list[dict]:
+    """The check's own ``fn(*rank_args[rank])``, measured from outside as a learner's launch is: on
+    fresh ranks that hold none of the learner's cells, started by the judge itself, never in the
+    learner's sandbox. Each rank's measurements (see Learner.launch)."""
+    judged = launcher._Judged(prelude=[], counts_bytes=counts_bytes)
+    judged.payloads = [launcher._serialise_call(fn, args, {}) for args in rank_args]
+    _, measured = launcher._launch(
+        fn, len(rank_args), (), {}, timeout=timeout, backend="auto", init_process_group=True, start_method=None,
+        threads=None, show_output=False, live=False, startup_timeout=60, judged=judged)
+    return measured
 
 
 def _shapes(value):
