@@ -1765,7 +1765,9 @@ class _Waiter:
                 measured["sent_to"] = sent[rank] if sent is not None else None
                 measured["sent_to_others"] = to_others[rank] if to_others is not None else None
                 if sent is not None:  # what reached the other ranks, not what the process wrote (a file, /dev/null)
-                    measured["sent_bytes"] = sum(sent[rank])
+                    # Not sent[rank][rank]: rank 0's own client talking to the TCPStore it hosts, 0.9 to
+                    # 3.5 KB that grow with how long it waits for the others, and reach no other rank.
+                    measured["sent_bytes"] = sum(n for peer, n in enumerate(sent[rank]) if peer != rank)
 
     def _rank_flows(self):
         """Bytes per ordered pair of ranks over TCP, read from the kernel while every rank waits to be
@@ -1815,7 +1817,7 @@ class _Waiter:
         since it reported its baseline (before the learner's code ran), minus what the launcher
         itself knows it wrote (the result, the output files). Where the check counts bytes and the
         kernel's socket table can be read, _measure_all replaces it with the bytes that reached the
-        other ranks over TCP (``sum(sent_to)``), which no file or /dev/null write adds to.
+        other ranks over TCP (``sent_to`` summed over the other ranks), which no file or /dev/null write adds to.
         ``written_bytes``: what the process wrote, as ``sent_bytes`` before that (files and sockets
         alike: who wrote a checkpoint).
         ``peak_rss_bytes``: the process's peak resident memory: the larger of the kernel's

@@ -239,7 +239,8 @@ class Learner:
         Returns the ranks' results (data only), and with measure=True also, per rank,
         ``{"sent_bytes", "written_bytes", "peak_rss_bytes", "start_rss_bytes", "network_bytes", "sent_to", "sent_to_others"}`` as the operating
         system counted them (None off Linux). ``sent_bytes`` is what reached the other ranks over TCP
-        (``sum(sent_to)``), or, where the socket table cannot be read outside a sandbox, what the rank wrote;
+        (``sent_to`` summed over the other ranks: rank 0's own client talking to the TCPStore it hosts is
+        not sent), or, where the socket table cannot be read outside a sandbox, what the rank wrote;
         ``written_bytes`` is what the rank wrote, to sockets and files alike (who wrote a checkpoint);
         ``network_bytes``, graded in a sandbox only (else None), is what crossed the sandbox's loopback during
         the launch, all ranks together: a lower bound on communication belongs on it, as a rank can add to
