@@ -454,7 +454,8 @@ def step_time_model(config: GPTConfig, dp: int, pp: int, tp: int, n_microbatches
                     element_size: int = 8) -> dict[str, float]:
     """Seconds of one training step by chapter 11's cost model: compute split over all ranks and
     stretched by the pipeline bubble, plus each axis's wire bytes over that axis's bandwidth
-    (nothing overlapped: an upper bound that ranks layouts, not a prediction)."""
+    (nothing overlapped; attention's own FLOPs and every call's latency left out: a rough estimate
+    that ranks layouts, not a prediction)."""
     m = n_microbatches if pp > 1 else 1
     flops = 6 * parameter_count(config) * batch_size * config.context           # forward 2, backward 4 per parameter and token
     compute = flops / (dp * pp * tp) / flops_per_s * (m + pp - 1) / m
