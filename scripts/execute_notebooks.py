@@ -15,6 +15,8 @@ line, load average included, so the stored output then says how busy the machine
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,10 +26,22 @@ from nbclient import NotebookClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # The load the timing cells' hardware line prints, judged against the cores it counts.
-from course_lib.hardware import load_average  # noqa: E402
+from course_lib.hardware import cpu_name, load_average  # noqa: E402
 from course_lib.launcher import available_cpus  # noqa: E402
 
 IDLE_WAIT_S = 180
+REPO = Path(__file__).resolve().parent.parent
+# How long each notebook took, top to bottom, the last time it was stored: the README's chapter
+# table and docs/instructors.md's agenda are computed from it (scripts/chapter_minutes.py).
+RUN_TIMES = REPO / "docs" / "run_times.json"
+
+
+def record_run_time(path: Path, seconds: float, load: float | None) -> None:
+    times = json.loads(RUN_TIMES.read_text()) if RUN_TIMES.exists() else {}
+    times[path.resolve().relative_to(REPO).as_posix()] = {
+        "seconds": round(seconds, 1), "date": datetime.date.today().isoformat(), "cpu": cpu_name(),
+        "cores": available_cpus(), "load average at start": None if load is None else round(load, 1)}
+    RUN_TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
 
 
 def notebooks_in(paths: list[str]) -> list[Path]:
@@ -79,6 +93,8 @@ def main(argv: list[str]) -> int:
             return 1
         load = load_average()
         seconds = execute(path)
+        if path.resolve().is_relative_to(REPO):
+            record_run_time(path, seconds, load)
         print(f"{path}: executed in {seconds:.1f} s (load average "
               f"{'unknown' if load is None else f'{load:.1f}'} when it started)")
     return 0

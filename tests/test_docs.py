@@ -31,7 +31,7 @@ def exercise_checks_and_points(stem: str) -> str:
 
 
 def test_the_chapter_table_counts_each_exercise_as_its_solution_grades_it():
-    rows = re.findall(r"^\| (\d\d) \| `(\w+)` \| .* \| ([^|]+) \|$", (REPO / "README.md").read_text(), re.M)
+    rows = re.findall(r"^\| (\d\d) \| `(\w+)` \| .* \| ([^|]+) \| \d+ \|$", (REPO / "README.md").read_text(), re.M)
     lessons = sorted(path.stem for path in (REPO / "notebooks").glob("*.ipynb"))
     assert [stem for _, stem, _ in rows] == lessons
     for _, stem, exercises in rows:
@@ -53,3 +53,12 @@ def test_the_readme_picture_and_its_code_are_the_lessons_own():
         assert line in "".join(cell["source"]).splitlines(), line
     stored = "".join("".join(output.get("text", "")) for output in cell["outputs"])
     assert printed.strip() in stored.splitlines()
+
+
+def test_the_chapter_minutes_and_the_agenda_are_computed_from_measured_run_times():
+    # scripts/chapter_minutes.py exits 1 when the README's minutes or docs/instructors.md's agenda
+    # differ from what docs/run_times.json (written by scripts/execute_notebooks.py) gives.
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "chapter_minutes.py")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
