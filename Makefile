@@ -55,6 +55,11 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	  if ! $(call PYTHON_OK,$(PYTHON)); then echo "make $(TOO_OLD)"; exit 1; fi; \
 	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "'$(PYTHON) -m venv' failed (Debian and Ubuntu: sudo apt \
 	  install python3-venv, or python3.X-venv for your version)"; exit 1; }; fi
+	@# Linux without an NVIDIA GPU: say what PyPI's default torch costs there, and how to choose the CPU wheels.
+	@if [ -z "$(TORCH_INDEX_URL)" ] && [ "$$(uname -s)" = Linux ] && [ ! -e /dev/nvidia0 ]; then \
+	  echo "No NVIDIA GPU here: PyPI's torch brings about 3 GB of CUDA libraries this machine will not use."; \
+	  echo "For PyTorch's CPU wheels (a few hundred MB), stop now (Ctrl-C), remove $(VENV) and run:"; \
+	  echo "  make $(or $(MAKECMDGOALS),setup) TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"; fi
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
 	  $(PY) -m pip install -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
 	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[test]"
