@@ -57,7 +57,7 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	  install python3-venv, or python3.X-venv for your version)"; exit 1; }; fi
 	@# Linux without an NVIDIA GPU: say what PyPI's default torch costs there, and how to choose the CPU wheels.
 	@if [ -z "$(TORCH_INDEX_URL)" ] && [ "$$(uname -s)" = Linux ] && [ ! -e /dev/nvidia0 ]; then \
-	  echo "No NVIDIA GPU here: PyPI's torch brings about 3 GB of CUDA libraries this machine will not use."; \
+	  echo "No NVIDIA GPU here: PyPI's torch brings about 4 GB of CUDA libraries and triton that this machine will not use."; \
 	  echo "For PyTorch's CPU wheels (a few hundred MB), stop now (Ctrl-C), remove $(VENV) and run:"; \
 	  echo "  make $(or $(MAKECMDGOALS),setup) TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"; fi
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
