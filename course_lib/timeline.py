@@ -62,7 +62,8 @@ class Timeline:
 
 
 def plot_timeline(spans_per_rank, ax=None, title: str | None = None, unit: str = "ms", colours=None):
-    """Draw one row per rank: compute spans on top, ``"comm"`` spans in a lane below.
+    """Draw one row per rank: compute spans on top, ``"comm"`` spans (or ``"comm AXIS"``, coloured by
+    axis) in a lane below.
 
     spans_per_rank: a list (index = rank) of lists of ``(kind, label, start_s, end_s)``.
     Returns the matplotlib Axes.
@@ -79,7 +80,7 @@ def plot_timeline(spans_per_rank, ax=None, title: str | None = None, unit: str =
     for rank, spans in enumerate(spans_per_rank):
         row = world_size - 1 - rank  # rank 0 on top
         for kind, _label, start, end in spans:
-            lane = (row + 0.05, 0.35) if kind == "comm" else (row + 0.45, 0.45)
+            lane = (row + 0.05, 0.35) if kind.split()[0] == "comm" else (row + 0.45, 0.45)  # "comm" or "comm tp"
             ax.broken_barh([(start * scale, max(end - start, 0.0) * scale)], lane,
                            facecolors=colours.get(kind, "#999999"), edgecolor="black", linewidth=0.3)
             if kind not in kinds_seen:
