@@ -45,8 +45,7 @@ def run_seconds(notebook: Path, times: dict) -> float:
     return times[key]["seconds"]
 
 
-def chapter_minutes() -> dict[str, dict[str, int]]:
-    times = json.loads(RUN_TIMES.read_text())
+def chapter_minutes(times: dict) -> dict[str, dict[str, int]]:
     minutes = {}
     for lesson in sorted((REPO / "notebooks").glob("*.ipynb")):
         solution = REPO / "solutions" / lesson.name
@@ -64,8 +63,7 @@ def readme_with_minutes(text: str, minutes: dict) -> str:
     return re.sub(r"^\| (\d\d) \| `\w+` \| .* \| [^|]+ \| [^|]* \|$", row, text, flags=re.M)
 
 
-def agenda(minutes: dict) -> str:
-    times = json.loads(RUN_TIMES.read_text())
+def agenda(minutes: dict, times: dict) -> str:
     machines = sorted({f"{t['cpu']}, {t['cores']} cores" for t in times.values()})
     lines = [AGENDA_START, "",
              "| | chapters | reading (min) | running (min) | together |", "|---|---|---|---|---|"]
@@ -80,17 +78,18 @@ def agenda(minutes: dict) -> str:
     return "\n".join(lines)
 
 
-def instructors_with_agenda(text: str, minutes: dict) -> str:
+def instructors_with_agenda(text: str, minutes: dict, times: dict) -> str:
     start, end = text.index(AGENDA_START), text.index(AGENDA_END) + len(AGENDA_END)
-    return text[:start] + agenda(minutes) + text[end:]
+    return text[:start] + agenda(minutes, times) + text[end:]
 
 
 def main(argv: list[str]) -> int:
-    minutes = chapter_minutes()
+    times = json.loads(RUN_TIMES.read_text())  # read once: minutes and the agenda's machine line
+    minutes = chapter_minutes(times)
     for number, m in minutes.items():
         print(f"{number}: reading {m['reading']} min, running {m['running']} min")
     readme, instructors = README.read_text(), INSTRUCTORS.read_text()
-    wanted = readme_with_minutes(readme, minutes), instructors_with_agenda(instructors, minutes)
+    wanted = readme_with_minutes(readme, minutes), instructors_with_agenda(instructors, minutes, times)
     if "--write" in argv:
         README.write_text(wanted[0])
         INSTRUCTORS.write_text(wanted[1])
