@@ -55,6 +55,19 @@ def test_the_readme_picture_and_its_code_are_the_lessons_own():
     assert printed.strip() in stored.splitlines()
 
 
+def test_the_memory_the_readme_asks_for_is_the_measured_peak():
+    # scripts/notebook_memory.py exits 1 when the README's memory sentence differs from what
+    # docs/notebook_memory.json (its --measure run over every lesson and solution) gives.
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "notebook_memory.py")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    measured = json.loads((REPO / "docs" / "notebook_memory.json").read_text())
+    lessons = {path.relative_to(REPO).as_posix() for folder in ("notebooks", "solutions")
+               for path in (REPO / folder).glob("*.ipynb")}
+    assert lessons <= set(measured), f"not measured: {sorted(lessons - set(measured))}"
+
+
 def test_the_chapter_minutes_and_the_agenda_are_computed_from_measured_run_times():
     # scripts/chapter_minutes.py exits 1 when the README's minutes or docs/instructors.md's agenda
     # differ from what docs/run_times.json (written by scripts/execute_notebooks.py) gives.
