@@ -170,6 +170,13 @@ class WorkerError(LaunchError):
         failed = {self.rank} | {other.rank for other in self.also_failed}
         lines = [f"\nRank {rank} had finished." if rank in finished else f"\nRank {rank} was stopped."
                  for rank in range(self.world_size) if rank not in failed]
+        left = sorted(set(finished) - failed)
+        if left and "connectFullMesh" in self.message and _lost_a_peer(self):
+            # gloo blames "a remote worker crashing"; here a peer had returned, having left the group
+            lines.append(f"\nRank(s) {', '.join(map(str, left))} had finished while rank {self.rank} was still "
+                         "connecting to the group: a rank that calls destroy_process_group right after "
+                         "init_process_group, with no collective in between, closes connections its peers are "
+                         "still setting up. Call dist.barrier() before dist.destroy_process_group().")
         self.args = (self._report("".join(lines)),)
         return self
 
