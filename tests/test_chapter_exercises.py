@@ -131,6 +131,17 @@ STOPPED_BY = {
     ("02_data_parallel", "wrong_tensor_split_and_finishing_order"): [
         "replicas [2, 3] failing, finishing in the order [3, 1, 2, 0]: the replicas whose exceptions the group holds",
     ],
+    # Gradient clipping with accumulation: clip_grad_norm_ after every micro-batch's backward, as in a single-GPU
+    # loop. Under no_sync, .grad then holds one rank's partial sum, which is clipped: the step itself is wrong,
+    # not only the norm it reports (the count of all-reduces is right: one per step).
+    ("07_accumulation_large_batch", "wrong2_clip_partial_sums_no_world_size_own_sample_count"): [
+        "2 ranks, K=4, sgd, max_norm 0.15 (clipping acts in 3 of 3 steps): rank 0's weights after step 0 vs one process",
+    ],
+    # An all-reduce after every micro-batch, the hook's count forged from the caller's frame, clipped once: right
+    # numbers, stopped by the bytes each rank sent, counted from outside the ranks.
+    ("07_accumulation_large_batch", "wrong_tamper_frames_forged_count_hardcoded_785"): [
+        "the bytes rank 0 sent (2 ranks, K=4, sgd, max_norm 0.15 (clipping acts in 3 of 3 steps))",
+    ],
     ("08_zero_fsdp", "wrong_helper_holds_memory"): [
         "a rank's peak memory: grew by",  # sharded in the rank, 4x the parameters held by a forked helper
     ],
