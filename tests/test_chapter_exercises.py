@@ -111,22 +111,67 @@ STOPPED_BY = {
     ],
     # A built-in all-reduce on a thread, with the in-rank audit patched to see nothing: the bytes per pair of
     # ranks, read from outside, are gloo's ring all-reduce (1.5 tensors to one neighbour), not the asked-for ring.
+    # Exercise 3: one all-reduce per tensor on a thread, zeros of the rule's buffers in sight of the audit.
     ("05_ring_allreduce", "wrong_tamper_thread_builtin__patched_audit__blocking_step"): [
         "sizes [30000, 2000, 45000, 1001]: the bytes between the ranks: rank 0 sent rank 3 1.5",
         "order [2, 0, 3, 1]: the bytes between the ranks: rank 0 sent rank 3 1.5",
+        "64 tensors of mixed dtypes, threshold 1024 B: the bytes between the ranks: rank 0 sent rank 1",
     ],
-    # Buffers one tensor short of the threshold (one buffer too many), one all-reduce hidden from the in-rank
-    # count: the bytes per pair of ranks, read from outside, are one all-reduce more than the rule's buffers send.
+    # Buffers one tensor short of the threshold (one buffer too many) summing on a thread the in-rank audit does
+    # not watch, zeros of the rule's buffers in its sight: the bytes per pair of ranks, read from outside, are
+    # more than the rule's buffers send.
     ("05_ring_allreduce", "wrong_tamper_one_buffer_too_many__hidden_from_the_count"): [
-        "64 tensors, threshold 1024 B: the bytes between the ranks: rank 0 sent rank 1",
+        "64 tensors of mixed dtypes, threshold 1024 B: the bytes between the ranks: rank 0 sent rank 1",
+    ],
+    # Exercise 3's plausible mistakes, each stopped on the first case by the buffers it returns (which the
+    # audit's bytes of every all-reduce and, on the second case, the bytes from outside also hold it to).
+    ("05_ring_allreduce", "wrong_schedules"): [  # no look-ahead: a buffer closes at the first other dtype
+        "threshold 1000 B: rank 0's buffers (positions in tensors): got [[0], [1], [2], [3], [4]",
+    ],
+    ("05_ring_allreduce", "wrong_builtin_routes"): [  # one open buffer per dtype: no limit to the look-ahead
+        "threshold 1000 B: rank 0's buffers (positions in tensors): got [[0, 2, 4], [6], [1, 5, 8]",
+    ],
+    ("05_ring_allreduce", "wrong_even_pieces__average_unsplit"): [  # the bytes passed over never counted
+        "threshold 1000 B: rank 0's buffers (positions in tensors): got [[0, 2, 4], [1, 5, 8], [3, 7]",
+    ],
+    ("05_ring_allreduce", "wrong_rank_order_ring__predivide_twice"): [  # closed one tensor too late
+        "threshold 1000 B: rank 0's buffers (positions in tensors): got [[0, 2, 4], [1, 5], [3, 7]",
+    ],
+    ("05_ring_allreduce", "wrong_not_a_ring"): [  # buffers that mix dtypes (torch.cat promotes them)
+        "threshold 1000 B: rank 0's buffers (positions in tensors): got [[0, 1, 2, 3], [4, 5]",
+    ],
+    ("05_ring_allreduce", "wrong_cast_copy_lost"): [  # every buffer float32, the sums left in it
+        "threshold 1000 B: rank 0, tensor 1 (float16): expected dtype torch.float16, got torch.float32",
     ],
     # The whole weight kept privately, sending what a row-parallel layer sends: each rank is handed true weights
     # only in its own columns, so the output computed alone is wrong.
     ("09_model_pipeline_tensor_parallel", "wrong_private_whole_weight__sends_like_row_parallel"): [
         "rank 1 of 2, 12 -> 8 features: output",
     ],
+    # Machines of different sizes under the lesson's c10d rendezvous, at the head's address: one world that
+    # runs, but c10d numbers the machines itself (address, then process id), so rank 0 lands on the machine
+    # whose agent started first, not on the head (second in the list).
+    ("04_launching_multinode", "wrong_even_split_plain_checkpoint_c10d"): ["the machine that ran rank 0: got 0"],
+    # The static rendezvous with --node-rank = the machine's place in the list: rank 0 on the list's first machine.
+    ("04_launching_multinode", "wrong_first_count_rank0_rng_list_order_node_rank"): ["the machine that ran rank 0: got 0"],
+    # A script of its own among the options (--no-python python forged.py), reporting what the check wants:
+    # torchrun's parser takes it for the script, refused before anything runs.
+    ("04_launching_multinode", "wrong_tamper_frames__no_snapshot__script_in_options"): [
+        "machine 0's options: contain a script name or its arguments",
+    ],
     # The textbook one-pass variance, E[x^2] - E[x]^2 in float64: right without an offset, every digit lost with one.
-    ("03_ddp", "wrong_no_wait__textbook_variance"): ["offset 1e+08, rank 0: global standard deviation"],
+    ("03_ddp", "wrong_fresh_optimizer__textbook_variance"): ["offset 1e+08, rank 0: global standard deviation"],
+    # A run stopped mid-epoch on 2 ranks, resumed on 4 by starting the stopped epoch over (as the lesson's resume
+    # does at an epoch boundary): the samples the stopped job had used are trained on twice.
+    ("03_ddp", "wrong_restarts_the_epoch"): [
+        "2 -> 4 ranks, stopped after 96 samples of epoch 1: final weights: they match a run that starts the stopped "
+        "epoch over",
+    ],
+    # Every rank trains alone on whole global batches (the right weights, no all-reduce) and pads the bytes it
+    # writes with files: the bytes it sent the other ranks, counted from outside, are far too few.
+    ("03_ddp", "wrong_tamper_alone_padded_writes__local_hooks"): [
+        "2 -> 4 ranks, stopped after 96 samples of epoch 1: the bytes rank 0 sent",
+    ],
     # Every failure in an ExceptionGroup, but in the order the threads finished.
     ("02_data_parallel", "wrong_tensor_split_and_finishing_order"): [
         "replicas [2, 3] failing, finishing in the order [3, 1, 2, 0]: the replicas whose exceptions the group holds",
@@ -144,12 +189,28 @@ STOPPED_BY = {
     ],
     ("08_zero_fsdp", "wrong_helper_holds_memory"): [
         "a rank's peak memory: grew by",  # sharded in the rank, 4x the parameters held by a forked helper
+        # exercise 2: scales by max_norm / norm even where the norm is below max_norm (the case with no clipping)
+        "max_norm 1.5x the norm, slices of [1696, 1187, 509] elements: rank 0's clipped shard vs one process",
     ],
     # An all-reduce where a reduce-scatter belongs cannot be told apart from outside with gloo (the same bytes,
     # the same memory): this one is stopped because it holds every full gradient at once.
     ("08_zero_fsdp", "wrong1"): ["a rank's peak memory: grew by"],
     # Every rank's whole gradient gathered in the hook: right numbers, but world_size full gradients at once.
     ("08_zero_fsdp", "wrong_gathers_whole_gradients"): ["a rank's peak memory: grew by"],
+    # Clipping, a ZeRO-2 layout with the biases on every rank: an all-reduce of each rank's sum of squares over
+    # all it holds counts the biases once per rank (the norm is wrong); a checkpoint laid out per parameter,
+    # exercise 1's way, instead of as one flat buffer padded once (rank 0's slice has the wrong size).
+    ("08_zero_fsdp", "wrong_clip_counts_replicated_per_rank"): [
+        "3 ranks, 3466 parameters, max_norm 0.4x the norm, slices of [1696, 1187, 509] elements: the norm returned "
+        "on rank 0 vs one process's clip_grad_norm_",
+        "385 parameters saved on 4 ranks (2 empty shards), loaded on 3: rank 0's flat slice vs one process's "
+        "parameters: expected shape (129,), got (130,)",
+    ],
+    # Every rank's shard gathered to take the norm of the whole gradient: the right numbers, stopped by the bytes
+    # each rank sent, counted from outside the ranks.
+    ("08_zero_fsdp", "wrong3"): ["the bytes rank 0 sent (3 ranks)"],
+    # Each rank clips what it holds by its own norm, as in one process: the norm is not the whole gradient's.
+    ("08_zero_fsdp", "wrong2"): ["the norm returned on rank 0 vs one process's clip_grad_norm_"],
 }
 
 
