@@ -640,17 +640,20 @@ def _in_notebook_kernel() -> bool:
 # --------------------------------------------------------------------------
 # Ports and interfaces
 # --------------------------------------------------------------------------
-def _reserve_port() -> socket.socket:
-    """Bind (without listening) to a port the OS picks, and keep it bound.
+def _reserve_port(port: int = 0) -> socket.socket:
+    """Bind (without listening) to a port the OS picks (or ``port``), and keep it bound.
 
     While this socket holds the port, the OS hands it to no other launch; rank 0's
     store can still bind it because both sockets set SO_REUSEADDR and neither of
     ours listens. (Hosting the store in this process instead would start a server
     thread here, and forking beside a running thread can deadlock the child.)
+    The holder binds the wildcard address, as the store does: a port held on loopback
+    only could be one that a server listens on at another address (a class hub's
+    Jupyter server, on the learner's network address), and the store would fail there.
     """
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    holder.bind(("127.0.0.1", 0))
+    holder.bind(("", port))
     return holder
 
 

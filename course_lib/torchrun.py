@@ -51,9 +51,11 @@ class TorchrunTimeout(TorchrunError):
 
 
 def free_port() -> int:
-    """A port that is free now (the OS picks it); for a rendezvous endpoint on this machine."""
+    """A port that is free now (the OS picks it); for a rendezvous endpoint on this machine.
+
+    Free on every address (the wildcard), as the store that will listen there binds it."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("", 0))
         return sock.getsockname()[1]
 
 

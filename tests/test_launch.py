@@ -3,6 +3,7 @@
 import multiprocessing as mp
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -635,3 +636,23 @@ def test_a_peer_that_left_right_after_joining_is_named_not_a_crash():
     later = GLOO_INIT_LOST.replace("Gloo connectFullMesh failed with ", "")
     assert "had finished while" not in str(WorkerError(0, "RuntimeError", later, "", 4).with_every_rank(finished={1}))
     assert "had finished while" not in str(WorkerError(0, "RuntimeError", GLOO_INIT_LOST, "", 4).with_every_rank(finished=set()))
+
+
+def test_the_reserved_port_is_free_on_every_address():
+    # Rank 0's TCPStore listens on the wildcard address. A port reserved on loopback only could be
+    # one a server listens on at another address (in the class hub, the learner's Jupyter server on
+    # the learner's network address): the store then failed with EADDRINUSE. The holder now binds the
+    # wildcard address, so the OS never hands out a port that is in use on any address.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.2", 0))  # Linux: all of 127/8 is loopback, a second address to listen on
+    except OSError:
+        pytest.skip("no second loopback address here (macOS configures only 127.0.0.1)")
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        with pytest.raises(OSError):
+            launch_module._reserve_port(port).close()
+    finally:
+        listener.close()
+    assert launch(lambda: dist.get_rank(), world_size=2, show_output=False) == [0, 1]
