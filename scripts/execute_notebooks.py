@@ -36,12 +36,18 @@ REPO = Path(__file__).resolve().parent.parent
 RUN_TIMES = REPO / "docs" / "run_times.json"
 
 
+def record(measurements: Path, notebook: Path, **figures) -> None:
+    """Store ``figures`` for ``notebook`` in a JSON file of per-notebook measurements (run times
+    here, peak memory in scripts/notebook_memory.py), with the date and machine they came from."""
+    table = json.loads(measurements.read_text()) if measurements.exists() else {}
+    table[notebook.resolve().relative_to(REPO).as_posix()] = {
+        **figures, "date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": available_cpus()}
+    measurements.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+
+
 def record_run_time(path: Path, seconds: float, load: float | None) -> None:
-    times = json.loads(RUN_TIMES.read_text()) if RUN_TIMES.exists() else {}
-    times[path.resolve().relative_to(REPO).as_posix()] = {
-        "seconds": round(seconds, 1), "date": datetime.date.today().isoformat(), "cpu": cpu_name(),
-        "cores": available_cpus(), "load average at start": None if load is None else round(load, 1)}
-    RUN_TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+    load_at_start = None if load is None else round(load, 1)
+    record(RUN_TIMES, path, seconds=round(seconds, 1), **{"load average at start": load_at_start})
 
 
 def notebooks_in(paths: list[str]) -> list[Path]:
@@ -51,14 +57,19 @@ def notebooks_in(paths: list[str]) -> list[Path]:
     return [nb for nb in found if ".ipynb_checkpoints" not in nb.parts]
 
 
-def execute(path: Path, timeout: int = 600) -> float:
+def run(path: Path, timeout: int = 600):
+    """The notebook at ``path``, executed top to bottom in a fresh kernel in its own folder."""
     notebook = nbformat.read(path, as_version=4)
-    started = time.perf_counter()
     for cell in notebook.cells:
         cell.metadata.pop("execution", None)  # wall-clock stamps: noise in every diff
     NotebookClient(notebook, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
-    nbformat.write(notebook, path)
+    return notebook
+
+
+def execute(path: Path, timeout: int = 600) -> float:
+    started = time.perf_counter()
+    nbformat.write(run(path, timeout), path)
     return time.perf_counter() - started
 
 

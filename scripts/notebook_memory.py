@@ -20,7 +20,6 @@ in the measurement; the sentence says so.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -66,25 +65,16 @@ def peak_while(work, psutil) -> int:
 
 
 def measure(paths: list[Path]) -> None:
-    import nbformat
     import psutil
-    from nbclient import NotebookClient
 
-    sys.path.insert(0, str(REPO))
-    from course_lib.hardware import cpu_name
-    from course_lib.launcher import available_cpus
+    sys.path.insert(0, str(REPO / "scripts"))
+    from execute_notebooks import record, run  # one way to run a notebook, one way to record it
 
-    peaks = json.loads(MEMORY.read_text()) if MEMORY.exists() else {}
     for path in paths:
-        notebook = nbformat.read(path, as_version=4)
-        client = NotebookClient(notebook, timeout=600, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent)}})
-        peak = peak_while(client.execute, psutil)
-        key = path.resolve().relative_to(REPO).as_posix()
-        peaks[key] = {"peak PSS (GiB)": round(peak / 2**30, 2), "date": datetime.date.today().isoformat(),
-                      "cpu": cpu_name(), "cores": available_cpus()}
-        MEMORY.write_text(json.dumps(dict(sorted(peaks.items())), indent=1) + "\n")
-        print(f"{key}: peak {peak / 2**30:.2f} GiB (kernel, launch server and ranks, PSS)", flush=True)
+        peak = peak_while(lambda: run(path), psutil)
+        record(MEMORY, path, **{"peak PSS (GiB)": round(peak / 2**30, 2)})
+        print(f"{path.resolve().relative_to(REPO).as_posix()}: peak {peak / 2**30:.2f} GiB "
+              "(kernel, launch server and ranks, PSS)", flush=True)
 
 
 def sentence(peaks: dict) -> str:
