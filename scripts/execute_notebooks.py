@@ -10,6 +10,10 @@ Stored timings are what every reader sees, so a notebook runs only on an idle ma
 each one this waits (up to 3 minutes) for the 1-minute load average to fall to half the cores,
 and refuses if it does not. ``--allow-busy`` runs anyway; every timing cell prints its hardware
 line, load average included, so the stored output then says how busy the machine was.
+
+A notebook that runs jobs on the course's Slurm cluster when one answers (chapter 04) would store
+"skipped" if the controller happened to be down, and nbval then fails wherever a cluster answers:
+such a notebook runs only while `scontrol ping` answers (`make slurm-up`), unless ``--without-slurm``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # The load the timing cells' hardware line prints, judged against the cores it counts.
 from course_lib.hardware import cpu_name, load_average  # noqa: E402
 from course_lib.launcher import available_cpus  # noqa: E402
+from course_lib.slurm import cluster_up, why_no_cluster  # noqa: E402
 
 IDLE_WAIT_S = 180
 REPO = Path(__file__).resolve().parent.parent
@@ -88,16 +93,27 @@ def wait_until_idle(wait_s: float = IDLE_WAIT_S) -> str | None:
         time.sleep(5)
 
 
+def needs_slurm(path: Path) -> bool:
+    """Whether the notebook's stored output depends on a Slurm cluster answering."""
+    return "slurm.cluster_up()" in path.read_text()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Files or folders of notebooks; see the module docstring.")
     parser.add_argument("paths", nargs="+", help="notebooks, or folders of them")
     parser.add_argument("--allow-busy", action="store_true", help="run even when the machine is not idle")
+    parser.add_argument("--without-slurm", action="store_true",
+                        help="store a Slurm chapter's outputs even when no cluster answers (its jobs then say skipped)")
     options = parser.parse_args(argv)
     for path in notebooks_in(options.paths):
         if not path.exists():
             print(f"{path}: no such notebook", file=sys.stderr)
             return 2
+        if needs_slurm(path) and not options.without_slurm and not cluster_up():
+            print(f"{path}: not executed: its Slurm cells would store 'skipped' ({why_no_cluster()}). "
+                  "Start the course's cluster with `make slurm-up` (as root), or pass --without-slurm", file=sys.stderr)
+            return 1
         busy = None if options.allow_busy else wait_until_idle()
         if busy:
             print(f"{path}: not executed: {busy}", file=sys.stderr)

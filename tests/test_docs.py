@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)#:]+)(#[^)]*)?\)")  # [text](relative/path), not http: links
@@ -75,3 +77,17 @@ def test_the_chapter_minutes_and_the_agenda_are_computed_from_measured_run_times
     import sys
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "chapter_minutes.py")], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_slurm_chapter_is_not_stored_while_no_cluster_answers(monkeypatch, capsys):
+    # Its Slurm cells would store "skipped", and nbval would then fail wherever a cluster answers.
+    import sys
+    sys.path.insert(0, str(REPO / "scripts"))
+    import execute_notebooks
+
+    assert execute_notebooks.needs_slurm(REPO / "notebooks" / "04_launching_multinode.ipynb")
+    assert not execute_notebooks.needs_slurm(REPO / "notebooks" / "01_collectives.ipynb")
+    monkeypatch.setattr(execute_notebooks, "cluster_up", lambda: False)
+    monkeypatch.setattr(execute_notebooks, "execute", lambda path: pytest.fail(f"{path} was executed"))
+    assert execute_notebooks.main(["notebooks/04_launching_multinode.ipynb"]) == 1
+    assert "make slurm-up" in capsys.readouterr().err
