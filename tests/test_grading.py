@@ -74,7 +74,7 @@ class Payload:
     def __reduce__(self):
         return os.system, ("touch {PWNED}",)
 
-launcher._data_payload = lambda result: pickle.dumps(Payload())
+launcher.worker._data_payload = lambda result: pickle.dumps(Payload())
 
 def share_from_rank0():
     seen = sys._getframe(1).f_locals

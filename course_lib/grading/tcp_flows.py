@@ -12,7 +12,7 @@ every rank to one neighbour, with 4 ranks) where 4 broadcasts send 0, 1 or 2 ten
 pair: the same total, another matrix.
 
 Connections closed before the count are gone from it; in a sandbox the judge compares the sum
-with what the sandbox's loopback carried (course_lib.launcher._Waiter), so bytes cannot leave
+with what the sandbox's loopback carried (course_lib.launcher.measuring), so bytes cannot leave
 through a connection that closes in time.
 """
 

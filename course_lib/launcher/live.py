@@ -1,0 +1,117 @@
+"""The ranks' progress, shown in the notebook while a launch runs: each rank's latest lines, or
+per-rank progress bars once a rank calls ``report_progress``.
+
+Introduced in chapter 00 (preflight); ``report_progress`` is first called in chapter 03 (DDP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+from .output import _read_text
+
+_LIVE_REFRESH_S = 0.5
+# A quick run's bars would flash for a fraction of a second (and a busy browser might never
+# draw them): once shown, they stay at least this long, at their final values.
+_BARS_SHOWN_AT_LEAST_S = 1.5
+# Where report_progress writes, in each rank (set by the worker, read by _LiveView).
+_PROGRESS_FILE_VARIABLE = "COURSE_PROGRESS_FILE"
+
+
+def report_progress(step: int, total: int) -> None:
+    """From inside fn: "this rank has done ``step`` of ``total``" (drawn as a live progress bar).
+
+    Outside a launch it does nothing, so the same function also runs under torchrun.
+    """
+    path = os.environ.get(_PROGRESS_FILE_VARIABLE)
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{int(step)} {int(total)}")
+        os.replace(path + ".tmp", path)
+
+
+def _in_notebook_kernel() -> bool:
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class _LiveView:
+    """Shows the ranks' progress in one notebook display while a launch runs.
+
+    Text (each rank's latest lines) by default; per-rank progress bars (ipywidgets)
+    once a rank calls ``report_progress``. The display is emptied at the end, so the
+    stored cell output holds only the ordered transcript printed afterwards.
+    """
+
+    def __init__(self, enabled: bool, world_size: int):
+        self.handle = None
+        self.bars = None
+        self.bars_since = None
+        self.world_size = world_size
+        self.last = 0.0
+        if not enabled or not _in_notebook_kernel():
+            return
+        from IPython.display import display
+
+        self.handle = display({"text/plain": ""}, raw=True, display_id=True)
+
+    def update(self, started, out_paths, progress_paths):
+        if self.handle is None or time.monotonic() - self.last < _LIVE_REFRESH_S:
+            return
+        self.last = time.monotonic()
+        progress = [_read_progress(path) for path in progress_paths]
+        if any(progress) and self._show_bars(progress):
+            return
+        lines = [f"running for {time.monotonic() - started:.0f} s ..."]
+        for rank, path in enumerate(out_paths):
+            tail = _read_text(path).splitlines()[-2:]
+            lines += [f"[rank {rank}] {line}" for line in tail]
+        self.handle.update({"text/plain": "\n".join(lines)}, raw=True)
+
+    def _show_bars(self, progress) -> bool:
+        try:
+            import ipywidgets as widgets
+        except ImportError:
+            return False
+        if self.bars is None:
+            self.bars = [widgets.IntProgress(min=0, max=1, description=f"rank {rank}")
+                         for rank in range(self.world_size)]
+            self.labels = [widgets.Label("") for _ in range(self.world_size)]
+            rows = [widgets.HBox([bar, label]) for bar, label in zip(self.bars, self.labels)]
+            self.box = widgets.VBox(rows)
+            self.handle.update(self.box)
+            self.bars_since = time.monotonic()
+        for bar, label, state in zip(self.bars, self.labels, progress):
+            if state:
+                step, total = state
+                bar.max, bar.value = max(total, 1), min(step, max(total, 1))
+                label.value = f"{step} / {total}"
+        return True
+
+    def finish(self, progress_paths):
+        """After a successful launch: the bars at their final values, on screen long enough to see."""
+        if self.handle is None:
+            return
+        progress = [_read_progress(path) for path in progress_paths]
+        if any(progress) and self._show_bars(progress):
+            time.sleep(max(0.0, self.bars_since + _BARS_SHOWN_AT_LEAST_S - time.monotonic()))
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+        if self.bars is not None:
+            self.box.close()
+            for widget in self.bars + self.labels:
+                widget.close()
+
+
+def _read_progress(path: str):
+    text = _read_text(path).split()
+    if len(text) == 2 and all(part.lstrip("-").isdigit() for part in text):
+        return int(text[0]), int(text[1])
+    return None

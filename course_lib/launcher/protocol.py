@@ -1,0 +1,187 @@
+"""What travels between the parent and a rank: the spec each rank starts from, the frames it sends
+back (a JSON header, then a result), and how functions, arguments and results are pickled.
+
+Introduced in chapter 00 (preflight): ``fn`` travels by value (cloudpickle), so a function
+defined in a notebook cell runs in a process that never saw the cell. ``_Judged`` and the data
+results (``torch.save`` bytes, loaded as plain data only) came with grading (course_lib.grading).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import signal
+import types
+from dataclasses import dataclass
+
+import cloudpickle
+
+from .errors import UnsendableResult, WorkerError
+
+# The kinds of frame a rank sends, in the order it sends them.
+_RESULT_BASELINE = "baseline"  # judged: what the worker had written before any learner code ran
+_RESULT_STARTED = "started"
+_RESULT_OK = "ok"
+_RESULT_ERROR = "error"
+_RESULT_UNSENDABLE = "unsendable"
+# The parent sends it to a hung rank, which dumps its stack (faulthandler) to its stack file.
+_STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # absent on Windows
+
+
+@dataclass
+class _WorkerSpec:
+    rank: int
+    world_size: int
+    master_port: int
+    backend: str | None  # None: fn initialises the process group itself
+    payload: bytes  # cloudpickle of (fn, args, kwargs)
+    out_path: str
+    err_path: str
+    stack_path: str
+    progress_path: str
+    threads: int
+    pg_timeout_s: float
+    kernel_pid: int | None  # None: the kernel is out of sight (a grading sandbox's own pid namespace)
+    environment: dict  # the notebook's os.environ at launch time
+    cwd: str
+    sys_path: list
+    judged: "_Judged | None" = None  # a grading launch: learner code in, data out (course_lib.grading)
+    output_fds: tuple | None = None  # judged: (stdout, stderr, stacks) pipes the judge drains and counts
+
+
+@dataclass
+class _Judged:
+    """How a grading launch differs (see course_lib.grading.judge).
+
+    The worker first runs ``prelude`` (the notebook's setup cell and the learner's answer
+    cells, as source text) in a fresh ``__main__``, and sends back its result as *data*
+    (``torch.save`` bytes the parent loads with ``weights_only=True``): no object the
+    learner's code made is ever unpickled by the judge. ``run_as`` (uid, gid, home): a
+    grader running as root starts the learner's code as an unprivileged user (without a
+    sandbox). ``sandbox`` (course_lib.grading.sandbox.Sandbox): the launch server and every
+    rank start inside it, and the judge measures them from outside.
+    """
+
+    prelude: list  # [(label, source), ...]
+    run_as: tuple | None = None
+    payloads: list | None = None  # per rank: (fn, args, kwargs) as the judge pickled them (answers by name)
+    sandbox: object | None = None
+    environment: dict | None = None  # what the ranks see of os.environ (None: the kernel's)
+    cwd: str | None = None
+    max_result_bytes: int = 256 << 20
+    counts_bytes: bool = False  # the check counts bytes sent: bytes written elsewhere are refused
+    # In a sandbox: each rank in a Landlock domain of its own (course_lib.grading.apart), writing only
+    # to a folder of its own and to these folders, which the check shares with every rank (None: not kept apart).
+    apart: dict | None = None  # {"shared": [folder, ...], "readable": [folder, ...]}
+
+    def __getstate__(self):
+        # What a rank receives: the cells to run. Never the other ranks' payloads (each rank's
+        # own travels in its spec), the sandbox, or the environment (sent as the spec's).
+        return {"prelude": self.prelude, "run_as": self.run_as, "apart": self.apart}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+
+class _InheritedFd:
+    """A file descriptor of the parent's that a worker receives (as its own copy) when it starts."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):  # forkserver and spawn: the descriptor travels beside the pickle
+        from multiprocessing import reduction
+
+        return _fd_in_worker, (reduction.DupFd(self.fd),)
+
+
+def _fd_in_worker(duplicate) -> int:
+    return duplicate.detach()
+
+
+def _fd_of(inherited) -> int:
+    return inherited.fd if isinstance(inherited, _InheritedFd) else inherited
+
+
+# --------------------------------------------------------------------------
+# Frames: a rank's messages to the parent
+# --------------------------------------------------------------------------
+def _report(conn, message, payload: bytes | None = None) -> None:
+    # Headers are JSON, so reading a message never runs code the worker chose; a result
+    # follows as a second frame (cloudpickle for lessons, torch.save data when judged).
+    conn.send_bytes(json.dumps(message).encode("utf-8"))
+    if payload is not None:
+        conn.send_bytes(payload)
+
+
+def _read_header(conn, rank: int, world_size: int, had_baseline: bool) -> list:
+    """A rank's next header, checked to be one of the launcher's messages (else a ProtocolError).
+
+    ``had_baseline``: the rank has sent its baseline already (a second one is forged)."""
+    raw = conn.recv_bytes(1 << 20)
+    try:
+        message = json.loads(raw.decode("utf-8"))
+        if not isinstance(message, list) or not message or message[0] not in (
+                _RESULT_STARTED, _RESULT_BASELINE, _RESULT_ERROR, _RESULT_UNSENDABLE, _RESULT_OK):
+            raise ValueError
+        if message[0] == _RESULT_BASELINE:
+            if had_baseline or len(message) != 3 or not all(
+                    isinstance(value, (int, type(None))) for value in message[1:]):
+                raise ValueError  # once, before the learner's code: a second one is forged
+        if message[0] in (_RESULT_ERROR, _RESULT_UNSENDABLE):
+            _, exc_type, text, frames = message
+            frames = [(str(f), int(n), str(name), str(line)) for f, n, name, line in frames]
+            message = [message[0], exc_type, text, frames]
+        return message
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise WorkerError(rank, "ProtocolError", "the worker sent a message that is not the launcher's", "",
+                          world_size) from None
+
+
+# --------------------------------------------------------------------------
+# Pickling: fn and its arguments out, results back
+# --------------------------------------------------------------------------
+def _code_with_its_file(code):
+    """cloudpickle's reduction of a code object, with the file name it had. cloudpickle 3.1.3 and
+    later write "<dynamic-code>" instead (so that a pickle does not depend on where the code was
+    defined); the rank's traceback would then no longer say which notebook cell raised."""
+    constructor, args = cloudpickle.cloudpickle._code_reduce(code)
+    return constructor, tuple(code.co_filename if arg == "<dynamic-code>" else arg for arg in args)
+
+
+class CodeFilePickler(cloudpickle.CloudPickler):
+    """cloudpickle, keeping each function's file name (see _code_with_its_file)."""
+
+    dispatch_table = collections.ChainMap({types.CodeType: _code_with_its_file},
+                                          cloudpickle.CloudPickler.dispatch_table)
+
+
+def _dumps(obj) -> bytes:
+    buffer = io.BytesIO()
+    CodeFilePickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def _serialise_call(fn, args, kwargs) -> bytes:
+    """Pickle fn and its arguments by value, as a worker in another process needs them."""
+    try:
+        return _dumps((fn, tuple(args), kwargs))
+    except Exception as exc:  # noqa: BLE001 - pickling raises many types
+        raise TypeError(
+            f"fn or its arguments cannot be sent to the worker processes ({type(exc).__name__}: {exc}). "
+            "Pass plain values, tensors or modules; create locks, open files, sockets and "
+            "generators inside fn instead."
+        ) from None
+
+
+def _load_data(payload: bytes, rank: int, world_size: int):
+    """A judged rank's result: plain data only (tensors, numbers, strings, containers).
+    The rank wrote it with torch.save (worker._data_payload)."""
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception:  # noqa: BLE001 - anything that is not plain data
+        raise UnsendableResult(rank, "TypeError", "the result is not plain data (tensors, numbers, strings, "
+                               "and lists/tuples/dicts of them)", "", world_size) from None
