@@ -1,8 +1,9 @@
 """Grade a class's exercise notebooks: ``python scripts/grade.py SUBMISSIONS`` (also ``course-grade``).
 
-Every part of grading lives in course_lib/grading/: the command line (grader.py), the judge
-(judge.py), the sandbox each submission runs in (sandbox.py), the checks' messages (checks.py),
-the verdicts plugin (verdicts.py) and the exercises' stubs (exercises.py).
+Every part of grading lives in course_lib/grading/: the command line (grader.py) and its steps
+(merging.py, running.py, scoring.py, reporting.py), the judge (judge.py), the sandbox each
+submission runs in (sandbox.py), the checks' messages (checks.py), the verdicts plugin
+(verdicts.py) and the exercises' stubs (exercises.py).
 """
 
 import sys

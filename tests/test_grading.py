@@ -456,7 +456,7 @@ def test_every_cell_that_crashes_the_judge_is_set_aside_and_the_rest_of_the_batc
     batch again, as often as it takes: five such cells in one batch still leave every other cell graded."""
     from types import SimpleNamespace
 
-    from course_lib.grading import grader
+    from course_lib.grading import grader, running
 
     crashing = {1, 3, 4, 6, 7}  # more than any fixed number of reruns would allow
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"cell_{n} = {n}") for n in range(9)])
@@ -475,9 +475,9 @@ def test_every_cell_that_crashes_the_judge_is_set_aside_and_the_rest_of_the_batc
         runs.append(records)
         return True, [(outcomes, records)]
 
-    monkeypatch.setattr(grader, "run_pytest", judge_run)
-    monkeypatch.setattr(grader, "read_verdicts", lambda lines: lines[0][0])
-    monkeypatch.setattr(grader, "read_records", lambda path, sources: runs[-1])
+    monkeypatch.setattr(running, "run_pytest", judge_run)  # run_merged's module, where it looks them up
+    monkeypatch.setattr(running, "read_verdicts", lambda lines: lines[0][0])
+    monkeypatch.setattr(running, "read_records", lambda path, sources: runs[-1])
     options = SimpleNamespace(cell_timeout=5, secret="s", no_sandbox=False, run_id="t", jobs=1)
     result = grader.run_merged(notebook, tmp_path, options)
     assert sorted(result.replaced) == sorted(crashing)

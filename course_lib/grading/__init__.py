@@ -5,8 +5,9 @@ Introduced with chapter 01's exercises. ``checks`` tells a learner what is wrong
 takes back data only (``Learner``); ``sandbox`` confines each submission's workers (bubblewrap)
 and measures them from outside; ``verdicts`` is the pytest plugin through which the grader hears
 each check's outcome on a pipe no learner process holds; ``grader`` is the command line
-(``course-grade``, ``scripts/grade.py``); ``exercises`` derives exercises/ from solutions/. The
-names below are imported on first use, so the verdicts plugin's process never imports torch.
+(``course-grade``, ``scripts/grade.py``), whose steps are ``merging``, ``running``, ``scoring`` and
+``reporting``; ``exercises`` derives exercises/ from solutions/. The names below are imported
+on first use, so the verdicts plugin's process never imports torch.
 """
 
 from .._lazy import lazy_names

@@ -1,0 +1,293 @@
+"""Merging: a submission's answers put into the reference notebook, ready for nbval (grading, step 1).
+
+The reference is the solution notebook. Each answer cell (nbgrader metadata ``solution: true``)
+gets the source of the student's cell with the same ``grade_id``, as text for the learner side; a
+deleted answer cell gets the exercise's stub. Every other cell, the check cells with their hidden
+tests included, comes from the reference. One merged notebook may hold several submissions of
+an exercise in turn, for one judge (``merge_many``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from .exercises import make_exercise, read_notebook
+
+# Runs first in every graded notebook. The kernel becomes the judge (non-dumpable, its hidden
+# seed read from a file that is then deleted), and records each cell's exception (type and
+# message only) so the feedback can quote it without the traceback and its source lines.
+RECORDER_CELL = '''\
+# Added by the grader: this kernel is the judge; remember each cell's exception for the feedback.
+def _course_grader_setup():
+    import hashlib, json, os
+    import course_lib.grading.judge
+    course_lib.grading.judge.become_judge()
+    path = os.environ.pop("COURSE_GRADER_RECORD", None)
+    if not path:
+        return
+    def remember(result):
+        error = result.error_before_exec or result.error_in_exec
+        try:
+            message = None if error is None else str(error)
+        except Exception:
+            message = "(the exception's message could not be read)"
+        entry = {"cell": hashlib.sha1(result.info.raw_cell.encode("utf-8", "replace")).hexdigest(),
+                 "ename": None if error is None else type(error).__name__, "evalue": message}
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(entry) + "\\n")
+    get_ipython().events.register("post_run_cell", remember)
+_course_grader_setup()
+del _course_grader_setup'''
+
+# What an answer cell becomes in the merged notebook: its text goes to the learner side; the
+# judge (the kernel nbval talks to) never executes it.
+ANSWER_CELL = """\
+# Added by the grader: your answer cell runs on the learner side, never in this kernel.
+import course_lib.grading.judge as _course_judge
+_course_judge.answer_cell({label}, {source})"""
+
+# Between two submissions graded by one judge (see merge_many).
+NEXT_SUBMISSION_CELL = """\
+# Added by the grader: the next submission's answers and checks; nothing of the last one's stays.
+import course_lib.grading.judge as _course_judge
+_course_judge.next_submission()"""
+
+# The key, in a submission's places (reference cell -> nbval's cell number), of the grader's
+# next_submission cell before it: no reference cell has this index.
+NEXT_MARKER = -1
+
+NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_\w+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$")
+NBVAL_TAGS = {"nbval-ignore-output", "nbval-check-output", "nbval-raises-exception", "nbval-skip",
+              "raises-exception", "pytest-validate-ignore-output"}
+CHECK_NAME = re.compile(r"""checking\(\s*(?P<q>["'])(?P<name>.+?)(?P=q)""")
+
+
+# --------------------------------------------------------------------------
+# The reference: what a notebook's checks are, and what a deleted answer becomes
+# --------------------------------------------------------------------------
+@dataclass
+class Check:
+    cell_index: int
+    grade_id: str
+    points: float
+    label: str
+
+
+@dataclass
+class Reference:
+    name: str  # file name, e.g. 01_collectives.ipynb
+    notebook: nbformat.NotebookNode  # the solution notebook
+    stubs: dict[int, str]  # answer cell index -> the exercise's stub source
+    answer_ids: dict[str, int]  # grade_id -> answer cell index
+    checks: list[Check]
+    hidden_lines: set[str]
+
+    @property
+    def max_points(self) -> float:
+        return sum(check.points for check in self.checks)
+
+
+def nbgrader_meta(cell) -> dict:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return meta if isinstance(meta, dict) else {}
+
+
+def hidden_test_lines(source: str) -> set[str]:
+    lines, inside = set(), False
+    for line in source.splitlines():
+        if "BEGIN HIDDEN TESTS" in line:
+            inside = True
+        elif "END HIDDEN TESTS" in line:
+            inside = False
+        elif inside and line.strip():
+            lines.add(line.strip())
+    return lines
+
+
+def load_reference(solution_path: Path) -> Reference:
+    solution = read_notebook(solution_path)
+    exercise = make_exercise(solution)
+    stubs, answer_ids, checks, hidden, seen = {}, {}, [], set(), set()
+    for index, cell in enumerate(solution.cells):
+        meta = nbgrader_meta(cell)
+        grade_id = meta.get("grade_id")
+        if grade_id is not None:
+            if grade_id in seen:
+                raise ValueError(f"{solution_path}: grade_id {grade_id!r} is used by two cells")
+            seen.add(grade_id)
+        if meta.get("solution"):
+            if grade_id is None:
+                raise ValueError(f"{solution_path}: answer cell {index} has no grade_id")
+            stubs[index] = exercise.cells[index].source
+            answer_ids[grade_id] = index
+        elif meta.get("grade") and cell.cell_type == "code":
+            match = CHECK_NAME.search(cell.source)
+            label = match["name"] if match else grade_id
+            checks.append(Check(index, grade_id, meta.get("points", 0) or 0, label))
+            hidden |= hidden_test_lines(cell.source)
+    judged = any("Learner(" in cell.source for cell in solution.cells
+                 if cell.cell_type == "code" and not nbgrader_meta(cell).get("solution"))
+    if not judged:  # its answers would have to run in the kernel that decides the verdicts
+        raise ValueError(f"{solution_path}: no setup cell creates a course_lib.grading.Learner, so its checks would "
+                         "run the answers in the judge's own kernel; create `learner = Learner(answers=(...))` in "
+                         "the setup cell and call the answers through learner.launch / learner.call")
+    return Reference(solution_path.name, solution, stubs, answer_ids, checks, hidden)
+
+
+# --------------------------------------------------------------------------
+# A submission: the student's notebook and its answers
+# --------------------------------------------------------------------------
+def read_submission(path: Path) -> nbformat.NotebookNode:
+    """The student's notebook, or ValueError saying why it cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not a notebook (not UTF-8 text)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the file is not a notebook (not valid JSON: {exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells", data.get("worksheets")), list):
+        raise ValueError("the file is not a Jupyter notebook (no list of cells)")
+    try:
+        with contextlib.redirect_stderr(None):
+            return nbformat.reads(text, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
+        raise ValueError(f"the notebook cannot be read ({type(exc).__name__}: {exc})") from None
+
+
+def student_answers(submission: nbformat.NotebookNode) -> dict[str, str]:
+    answers: dict[str, str] = {}
+    for cell in submission.get("cells", []):
+        try:
+            grade_id = nbgrader_meta(cell).get("grade_id")
+            source = cell.get("source", "")
+            source = "".join(source) if isinstance(source, list) else str(source)
+        except AttributeError:
+            continue
+        if isinstance(grade_id, str) and grade_id not in answers:
+            answers[grade_id] = source
+    return answers
+
+
+# --------------------------------------------------------------------------
+# Merging submissions into the reference
+# --------------------------------------------------------------------------
+def without_nbval_markers(cell) -> None:
+    """Graded and answer cells must pass only by running cleanly: no skip, no 'raises' markers."""
+    cell.source = "\n".join(line for line in cell.source.split("\n") if not NBVAL_MARKER.match(line))
+    tags = cell.metadata.get("tags")
+    if isinstance(tags, list):
+        cell.metadata["tags"] = [tag for tag in tags if tag not in NBVAL_TAGS]
+
+
+def batch_split(reference: Reference) -> int | None:
+    """Where the cells a judge runs once end and those it runs per submission begin, or None.
+
+    The setup cell (the one creating the Learner) and the cells before it run once; the rest
+    (answers, checks, their helpers) run again for each submission the judge grades in turn.
+    None when an answer or check cell comes before the setup (one judge per submission then).
+    """
+    setup = next((index for index, cell in enumerate(reference.notebook.cells)
+                  if cell.cell_type == "code" and "Learner(" in cell.source
+                  and not nbgrader_meta(cell).get("solution")), None)
+    per_submission = set(reference.answer_ids.values()) | {check.cell_index for check in reference.checks}
+    if setup is None or any(index <= setup for index in per_submission):
+        return None
+    return setup + 1
+
+
+def copy_of_cell(ref_cells: list[dict], index: int, tag: str) -> nbformat.NotebookNode:
+    """A fresh copy of one reference cell; tagged copies get an id of their own."""
+    cell = nbformat.from_dict(json.loads(json.dumps(ref_cells[index])))
+    if tag:
+        cell["id"] = f"{tag}-{index}"  # cell ids must stay unique in the merged notebook
+    return cell
+
+
+def submission_cells(reference: Reference, ref_cells: list[dict], split: int | None, number: int,
+                     answers: dict[str, str]) -> tuple[list[tuple], list[str]]:
+    """One submission's part of the merged notebook, each cell with its (submission, reference
+    index), and the submission's notes: the marker that starts it (when batched), then the
+    reference's cells from split on, with this submission's answers in its answer cells."""
+    answer_index = {index: grade_id for grade_id, index in reference.answer_ids.items()}
+    graded_cells = {check.cell_index for check in reference.checks} | set(answer_index)
+    cells, notes = [], []
+    tag = f"s{number}" if split is not None else ""
+    if split is not None:
+        marker = nbformat.v4.new_code_cell(NEXT_SUBMISSION_CELL)
+        marker.id = f"course-grader-next-{number}"
+        cells.append((marker, (number, NEXT_MARKER)))
+    for index in range(split or 0, len(ref_cells)):
+        cell = copy_of_cell(ref_cells, index, tag)
+        grade_id = answer_index.get(index)
+        if grade_id is not None:
+            if grade_id in answers:
+                source = answers[grade_id]
+            else:
+                source = reference.stubs[index]
+                notes.append(f"answer cell {grade_id!r} was not found in your notebook: graded as not answered")
+            cell.source = ANSWER_CELL.format(label=json.dumps(f"answer cell {grade_id}"), source=json.dumps(source))
+        if index in graded_cells:
+            without_nbval_markers(cell)
+        cells.append((cell, (number, index)))
+    return cells, notes
+
+
+def numbered_notebook(template: dict, cells: list[tuple], submissions: int
+                      ) -> tuple[nbformat.NotebookNode, list[dict[int, int]]]:
+    """The merged notebook, its code cells counted as run, and each submission's places
+    (reference cell -> nbval's cell number); cells run once are in every submission's places."""
+    merged = nbformat.from_dict(dict(template, cells=[]))
+    places: list[dict[int, int]] = [{} for _ in range(submissions)]
+    count = 0
+    for cell, where in cells:
+        if cell.cell_type == "code":
+            count += 1
+            cell.execution_count = count  # nbval treats a cell without a count as never run
+            cell.outputs = []
+            if where is not None:
+                owner, index = where
+                for number in (range(submissions) if owner == "once" else [owner]):
+                    places[number][index] = count - 1  # nbval numbers code cells from 0
+        merged.cells.append(cell)
+    return merged, places
+
+
+def merge_many(reference: Reference, submissions: list[dict[str, str]]
+               ) -> tuple[nbformat.NotebookNode, list[dict[int, int]], list[list[str]]]:
+    """One notebook for nbval that grades several submissions in turn with one judge.
+
+    Returns the notebook, for each submission the code cell number (as nbval counts them) of
+    each reference cell, and each submission's notes. The setup runs once; then, per
+    submission, a cell that makes the judge forget the previous one, and the reference's
+    remaining cells with this submission's answers in its answer cells.
+    """
+    split = batch_split(reference)
+    if split is None and len(submissions) > 1:
+        raise ValueError(f"{reference.name} cannot grade several submissions with one judge")
+    template = json.loads(json.dumps(reference.notebook))
+    ref_cells = template["cells"]
+    recorder = nbformat.v4.new_code_cell(RECORDER_CELL)
+    recorder.id = "course-grader-recorder"
+    cells: list[tuple] = [(recorder, None)]
+    cells += [(copy_of_cell(ref_cells, index, ""), ("once", index)) for index in range(split or 0)]
+    all_notes = []
+    for number, answers in enumerate(submissions):
+        own_cells, notes = submission_cells(reference, ref_cells, split, number, answers)
+        cells += own_cells
+        all_notes.append(notes)
+    merged, places = numbered_notebook(template, cells, len(submissions))
+    return merged, places, all_notes
+
+
+def merge(reference: Reference, answers: dict[str, str]) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The reference notebook with one student's answers in it, ready for nbval."""
+    merged, _, notes = merge_many(reference, [answers])
+    return merged, notes[0]

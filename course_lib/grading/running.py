@@ -1,0 +1,237 @@
+"""Running: one merged notebook under pytest and nbval, every process it starts accounted for
+(grading, step 2).
+
+nbval runs the merged notebook top to bottom in a fresh kernel, the judge. Each cell's outcome
+comes back on a pipe only pytest holds (course_lib.grading.verdicts), each cell's exception from
+the recorder cell's file. A cell that hung or crashed the kernel is replaced by one that raises,
+and the notebook is run again, so a hang costs only the cell it hits. Every process a run started
+is stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import psutil
+
+from ..launcher import available_cpus
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+# Every pytest process now running, so that an interrupted grade.py can stop them all.
+_running: set[subprocess.Popen] = set()
+_running_lock = threading.Lock()
+
+
+def kill_tree(proc: subprocess.Popen, known: dict[int, psutil.Process]) -> None:
+    """Stop proc and every process it started (also those already re-parented)."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            known.setdefault(child.pid, child)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in known.values():
+        with contextlib.suppress(psutil.Error):
+            if child.is_running():  # is_running also guards against a reused pid
+                child.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(10)
+    psutil.wait_procs(list(known.values()), timeout=5)
+
+
+def kill_running() -> None:
+    """Stop every pytest run now in progress, and the processes each started."""
+    with _running_lock:
+        for proc in list(_running):
+            kill_tree(proc, {})
+
+
+def run_pytest(command: list[str], cwd: Path, env: dict, log_path: Path, time_limit: float) -> tuple[bool, list[str]]:
+    """Run pytest; return (False if it ran past time_limit and was killed, the verdict lines).
+
+    The verdicts come on a pipe whose write end only pytest holds (course_lib.grading.verdicts).
+    """
+    known: dict[int, psutil.Process] = {}
+    read_end, write_end = os.pipe()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(os.fdopen(read_end, encoding="utf-8", errors="replace")),
+                              daemon=True)
+    reader.start()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env=dict(env, COURSE_VERDICT_FD=str(write_end)), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=(write_end,))
+    os.close(write_end)
+    with _running_lock:
+        _running.add(proc)
+    finished = False
+    try:
+        deadline = time.monotonic() + time_limit
+        while time.monotonic() < deadline:
+            try:
+                proc.wait(0.5)
+                finished = True
+                break
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(psutil.Error):
+                    for child in psutil.Process(proc.pid).children(recursive=True):
+                        known.setdefault(child.pid, child)
+    finally:
+        kill_tree(proc, known)  # after a normal exit this stops only what was left behind
+        with _running_lock:
+            _running.discard(proc)
+    reader.join(10)
+    return finished, list(lines)
+
+
+# --------------------------------------------------------------------------
+# What a run says: each cell's outcome (verdicts) and exception (records)
+# --------------------------------------------------------------------------
+@dataclass
+class CellOutcome:
+    status: str  # passed, failed, xfailed, skipped, missing
+    message: str = ""
+    seconds: float = 0.0
+
+
+def read_verdicts(lines: list[str]) -> dict[int, CellOutcome]:
+    """nbval's items are named 'Cell N', N counting code cells from 0 (from the verdicts plugin)."""
+    outcomes: dict[int, CellOutcome] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            match = re.fullmatch(r"Cell (\d+)", str(entry.get("name", "")))
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if not match:
+            continue
+        number = int(match[1])
+        outcome = outcomes.setdefault(number, CellOutcome("passed"))
+        message = ANSI.sub("", str(entry.get("message") or ""))
+        if entry.get("when") == "teardown":
+            continue
+        if entry.get("outcome") == "failed":
+            outcome.status, outcome.message = "failed", message
+        elif entry.get("outcome") == "skipped":
+            outcome.status = "xfailed" if entry.get("xfail") else "skipped"
+    return outcomes
+
+
+def read_records(path: Path, code_sources: list[str]) -> dict[int, dict]:
+    """Match the recorder's entries, in run order, to code cells (by source hash)."""
+    if not path.exists():
+        return {}
+    hashes = [hashlib.sha1(source.encode("utf-8", "replace")).hexdigest() for source in code_sources]
+    records, position = {}, 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        for index in range(position, len(hashes)):
+            if hashes[index] == entry.get("cell"):
+                records[index] = entry
+                position = index + 1
+                break
+    return records
+
+
+@dataclass
+class RunResult:
+    outcomes: dict[int, CellOutcome]  # by code cell number
+    records: dict[int, dict]  # by code cell number
+    replaced: dict[int, str]  # code cell number -> why it was replaced
+    problem: str | None = None
+
+
+# --------------------------------------------------------------------------
+# One merged notebook, run as often as it takes to get past every cell that hangs the judge
+# --------------------------------------------------------------------------
+def write_attempt(merged: nbformat.NotebookNode, replaced: dict[int, str], rundir: Path, secret: str
+                  ) -> tuple[Path, list[str]]:
+    """Write one run's notebook (the replaced cells raising why), pytest.ini and the judge's seed
+    file into rundir; return the notebook's path and its code cells' sources."""
+    notebook = nbformat.from_dict(json.loads(json.dumps(merged)))
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    for number, why in replaced.items():
+        cells[number].source = f"raise RuntimeError({why!r})"
+    nb_path = rundir / "graded.ipynb"
+    nbformat.write(notebook, nb_path)
+    (rundir / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    seed_file = rundir / "seed"  # read and deleted by the judge as it starts
+    seed_file.write_text(secret)
+    seed_file.chmod(0o600)
+    return nb_path, [cell.source for cell in cells]
+
+
+def judge_env(rundir: Path, options) -> dict[str, str]:
+    """The environment of one run's pytest, and through it of the judge's kernel."""
+    return dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", COURSE_GRADER_RECORD=str(rundir / "records.jsonl"),
+                COURSE_GRADING="1", COURSE_GRADING_SEED_FILE=str(rundir / "seed"),
+                COURSE_GRADING_SANDBOX="0" if options.no_sandbox else "1", COURSE_GRADING_RUN=options.run_id,
+                COURSE_GRADER_CELL_TIMEOUT=str(options.cell_timeout),
+                OMP_NUM_THREADS=str(max(1, available_cpus() // options.jobs)), PYTHONDONTWRITEBYTECODE="1",
+                # the jobs' ranks share the cores: a waiting OpenMP thread sleeps instead of
+                # spinning on a core another job's rank needs (results do not change)
+                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+
+
+def pytest_command(rundir: Path, nb_path: Path, options) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.verdicts",
+            "-c", str(rundir / "pytest.ini"), "--rootdir", str(rundir), "--nbval-lax", "--nbval-current-env",
+            f"--nbval-cell-timeout={options.cell_timeout}", "-q", str(nb_path)]
+
+
+def cell_to_replace(count: int, outcomes: dict[int, CellOutcome], records: dict[int, dict],
+                    replaced: dict[int, str]) -> int | None:
+    """The first cell that failed without ever finishing (no record), when later cells were lost
+    with it: the kernel hung past the interrupt or died there, and no later cell ran. Else None."""
+    def lost(n: int) -> bool:
+        return (n not in records and n not in replaced
+                and outcomes.get(n, CellOutcome("missing")).status in ("failed", "xfailed", "missing"))
+
+    stuck = next((n for n in range(count) if lost(n)), None)
+    if stuck is None or not any(lost(n) for n in range(stuck + 1, count)):
+        return None
+    return stuck
+
+
+def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResult:
+    code_count = sum(cell.cell_type == "code" for cell in merged.cells)
+    replaced: dict[int, str] = {}
+    time_limit = options.cell_timeout * (code_count + 1) + 120
+    # Each rerun replaces one more cell that never finished, so one rerun per code cell is enough for
+    # any number of them: however many cells crash the judge, every other cell of the batch still runs.
+    last_attempt = code_count
+    for attempt in range(last_attempt + 1):
+        rundir = workdir / f"run{attempt}"
+        rundir.mkdir()
+        nb_path, sources = write_attempt(merged, replaced, rundir, options.secret)
+        in_time, verdict_lines = run_pytest(pytest_command(rundir, nb_path, options), rundir,
+                                            judge_env(rundir, options), rundir / "pytest.log", time_limit)
+        outcomes = read_verdicts(verdict_lines)
+        records = read_records(rundir / "records.jsonl", sources)
+        if not in_time:
+            return RunResult(outcomes, records, replaced, f"the notebook ran longer than {time_limit:g} s in all")
+        if not outcomes:
+            return RunResult(outcomes, records, replaced, "the notebook could not be run (the grader's "
+                             "kernel did not start); ask your instructor")
+        stuck = cell_to_replace(len(sources), outcomes, records, replaced)
+        if stuck is None or attempt == last_attempt:
+            return RunResult(outcomes, records, replaced)
+        # nbval cannot tell these apart: both end in its cell timeout without a reply.
+        replaced[stuck] = (f"this cell did not finish: it ran longer than {options.cell_timeout:g} s and could "
+                           "not be interrupted (an infinite loop?), or it crashed the Python kernel")
+    raise AssertionError("unreachable")

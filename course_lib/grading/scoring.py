@@ -1,0 +1,148 @@
+"""Scoring: each check's points and message from a run's verdicts and records (grading, step 3).
+
+A check cell earns its points when it ran without an error. Its message is the exception's type
+and message (a CheckFailed explains itself), never a traceback or a cell's source, with any line
+of a hidden test removed. When one of the grader's own cells failed, no check is scored: the
+submission is "not graded", never given 0 for the grader's fault.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .merging import NEXT_MARKER, Check, Reference, read_submission, student_answers
+from .running import ANSI, CellOutcome, RunResult
+
+MESSAGE_LINES = 25
+CELL_FILE = re.compile(r"""[^\s"']*ipykernel_\d+[\\/]\d+\.py""")
+
+
+@dataclass
+class CheckResult:
+    check: Check
+    earned: float
+    message: str  # "passed" or why not
+
+
+@dataclass
+class NotebookResult:
+    student: str
+    name: str
+    max_points: float
+    earned: float = 0.0
+    checks: list[CheckResult] = field(default_factory=list)
+    problem: str | None = None  # why nothing could be graded
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    sandboxed: bool = True
+
+
+def prepare(student: str, path: Path, reference: Reference) -> tuple[NotebookResult, dict[str, str] | None]:
+    """The student's result so far, and their answers; None when there is nothing to run."""
+    result = NotebookResult(student, reference.name, reference.max_points)
+    if not path.exists():
+        result.problem = f"missing: no {reference.name} in your submission"
+        return result, None
+    try:
+        submission = read_submission(path)
+    except ValueError as exc:
+        result.problem = f"could not be graded: {exc}"
+        return result, None
+    return result, student_answers(submission)
+
+
+def clean_message(text: str, hidden_lines: set[str]) -> str:
+    """An exception message fit for a student: no colours, no hidden-test lines, not too long."""
+    text = CELL_FILE.sub("<cell>", ANSI.sub("", text))
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip() not in hidden_lines]
+    if len(lines) > MESSAGE_LINES:
+        lines = lines[:MESSAGE_LINES] + [f"... ({len(lines) - MESSAGE_LINES} more lines)"]
+    return "\n".join(lines)
+
+
+def describe_failure(number: int, run: RunResult, cell_timeout: float, hidden: set[str]) -> str:
+    if number in run.replaced:
+        return run.replaced[number]
+    outcome = run.outcomes.get(number, CellOutcome("missing"))
+    record = run.records.get(number)
+    if outcome.status == "failed" and "Timeout of" in outcome.message:
+        return (f"this cell ran longer than {cell_timeout:g} s and was stopped "
+                "(an infinite loop, or a collective some rank never joins?)")
+    if record and record.get("ename"):
+        ename, evalue = record["ename"], record.get("evalue") or ""
+        text = evalue if ename == "CheckFailed" else f"{ename}: {evalue}".rstrip(": ")
+        return clean_message(text, hidden)
+    if outcome.status == "skipped":
+        return "this check was skipped"
+    if run.problem:
+        return run.problem
+    return "this check did not run (an earlier cell stopped the notebook)"
+
+
+def score(result: NotebookResult, run: RunResult, numbers: dict[int, int], reference: Reference, options) -> None:
+    """Fill in one submission's checks and notes from the run (numbers: reference cell -> nbval's cell number)."""
+    for check in reference.checks:
+        number = numbers[check.cell_index]
+        outcome = run.outcomes.get(number, CellOutcome("missing"))
+        if outcome.status == "passed" and number not in run.replaced:
+            result.checks.append(CheckResult(check, check.points, "passed"))
+        else:
+            message = describe_failure(number, run, options.cell_timeout, reference.hidden_lines)
+            message = message.removeprefix(f"FAILED {check.label}: ")  # the label is shown already
+            result.checks.append(CheckResult(check, 0, message))
+    for grade_id, index in reference.answer_ids.items():
+        number = numbers.get(index)
+        record = run.records.get(number) if number is not None else None
+        if number in run.replaced:
+            result.notes.append(f"answer cell {grade_id!r}: {run.replaced[number]}")
+        elif record and record.get("ename"):
+            message = describe_failure(number, run, options.cell_timeout, reference.hidden_lines)
+            result.notes.append(f"answer cell {grade_id!r} raised an error: {message}")
+    if run.problem:
+        result.notes.append(run.problem)
+    result.earned = sum(check.earned for check in result.checks)
+
+
+# --------------------------------------------------------------------------
+# The grader's own cells: when one failed, the submissions are not graded
+# --------------------------------------------------------------------------
+def grader_setup_failure(run: RunResult, numbers: dict[int, int], reference: Reference, options) -> str | None:
+    """Why the grader's own cells failed, or None: the recorder and the reference's cells before its
+    first answer or check cell, which hold no student's code (a setup that timed out on a busy
+    machine, say). Then no check says anything about the student's answers."""
+    first_student_cell = min([*reference.answer_ids.values(), *(check.cell_index for check in reference.checks)])
+    own = [0] + sorted(number for index, number in numbers.items() if 0 <= index < first_student_cell)
+    for number in own:
+        why = grader_cell_failure(run, number, options)
+        if why:
+            return f"the grader's own setup (code cell {number}, none of the student's code) {why}"
+    return None
+
+
+def submission_start_failure(run: RunResult, numbers: dict[int, int], options) -> str | None:
+    """Why the grader's cell before this submission failed (it ends the last submission's sandbox and
+    starts this one's; none of this student's code runs in it), or None."""
+    number = numbers.get(NEXT_MARKER)
+    why = None if number is None else grader_cell_failure(run, number, options)
+    return why and f"the grader's cell that starts this submission's sandbox (code cell {number}) {why}"
+
+
+def grader_cell_failure(run: RunResult, number: int, options) -> str | None:
+    """How one of the grader's own cells failed, or None when it passed."""
+    outcome = run.outcomes.get(number, CellOutcome("missing"))
+    if outcome.status == "passed" and number not in run.replaced:
+        return None
+    if number in run.replaced or "Timeout of" in outcome.message:
+        return f"did not finish within the cell timeout ({options.cell_timeout:g} s)"
+    if run.records.get(number, {}).get("ename"):
+        record = run.records[number]
+        return f"raised {record['ename']}: {record.get('evalue') or ''}".rstrip(": ")
+    return run.problem or "did not run"
+
+
+def not_graded(result: NotebookResult, problem: str) -> None:
+    """The grader's fault, not the student's: no check scored, and the feedback says why."""
+    result.problem = problem
+    result.checks, result.earned = [], 0.0
