@@ -14,10 +14,14 @@ exercises of chapter 11 run learners' layouts through the same code::
     model = ParallelGPT(mesh, config, n_microbatches=2)
     loss = model.train_step(x, y)              # this rank's share of the batch is taken inside
 
-The composition follows torchtitan's order: split the model into pipeline stages, apply the
-tensor-parallel plan to each stage, shard each block and stage with FSDP2 on the ``dp`` axis,
-then wrap the stages for ``torch.distributed.pipelining``. Dropout is left out of the model so
-that every layout can be compared with one process to the last bits.
+The composition follows torchtitan's order: split the model into pipeline stages
+(``stage_module``), apply the tensor-parallel plan to each stage (``tensor_parallel_plan``,
+``tensor_parallelize``), shard each block and stage with FSDP2 on the ``dp`` axis
+(``fsdp_shard``), then wrap the stages for ``torch.distributed.pipelining``
+(``pipeline_schedule``). Chapter 11, section 3, writes those steps in the notebook, one at a
+time; ``ParallelGPT`` composes the ones here for the exercises, and the chapter checks that both
+train bit for bit alike. Dropout is left out of the model so that every layout can be compared
+with one process to the last bits.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["GPTConfig", "TEXT", "SYMBOLS", "encode", "decode", "training_batch", "make_gpt", "GPT",
-           "cross_entropy", "stage_module", "tensor_parallel_plan", "ParallelGPT", "AxisCount",
+           "cross_entropy", "stage_module", "tensor_parallel_plan", "tensor_parallelize", "fsdp_shard",
+           "pipeline_schedule", "place_gradients_like_parameters", "ParallelGPT", "AxisCount",
            "gathered_parameters", "tp_local_parameters", "parameter_count", "communication_per_step",
            "wire_factor", "axis_bandwidths", "step_time_model"]
 
@@ -160,14 +165,16 @@ def stage_module(full: GPT, stage: int, n_stages: int) -> GPT:
     return part
 
 
-def tensor_parallel_plan(part: GPT, vocab_parallel: bool = False) -> tuple[dict, dict]:
+def tensor_parallel_plan(part: GPT, vocab_parallel: bool = False, loss_parallel: bool = False) -> tuple[dict, dict]:
     """torchtitan's plan with sequence parallelism: (plan for the stage's ends, plan for each block).
 
     Between blocks the activations are sharded on the sequence (``Shard(1)``); attention and MLP
     gather them (all-gather), their column-wise q/k/v/up and row-wise o/down matmuls need no
     communication in between, and o/down reduce-scatter back to sequence shards. With
     ``vocab_parallel`` the head's output stays sharded over the vocabulary (a loss must then
-    combine the shards); otherwise it is gathered to full logits on every rank.
+    combine the shards); with ``loss_parallel`` it stays sharded too, as a DTensor, for
+    ``torch.distributed.tensor.parallel.loss_parallel``; otherwise it is gathered to full logits
+    on every rank.
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
@@ -179,7 +186,8 @@ def tensor_parallel_plan(part: GPT, vocab_parallel: bool = False) -> tuple[dict,
     if part.head is not None:
         ends["ln_f"] = SequenceParallel()
         ends["head"] = ColwiseParallel(input_layouts=Shard(1),
-                                       output_layouts=Shard(-1) if vocab_parallel else Replicate())
+                                       output_layouts=Shard(-1) if vocab_parallel or loss_parallel else Replicate(),
+                                       use_local_output=not loss_parallel)
     block = {
         "ln1": SequenceParallel(),
         "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
@@ -192,23 +200,72 @@ def tensor_parallel_plan(part: GPT, vocab_parallel: bool = False) -> tuple[dict,
     return ends, block
 
 
+# The four steps of chapter 11's composition, in the order torchtitan applies them. Section 3 of
+# the chapter writes each one and checks it before the next; ParallelGPT below composes them.
+def tensor_parallelize(part: GPT, tp_mesh, vocab_parallel: bool = False, loss_parallel: bool = False) -> GPT:
+    """Step 2: the tensor-parallel plan (with sequence parallelism) applied to a stage, in place."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    ends, block_plan = tensor_parallel_plan(part, vocab_parallel, loss_parallel)
+    parallelize_module(part, tp_mesh, ends)
+    for block in part.blocks.values():
+        parallelize_module(block, tp_mesh, block_plan)
+    return part
+
+
+def fsdp_shard(part: GPT, dp_mesh) -> GPT:
+    """Step 3: FSDP2 on the data-parallel axis, one unit per block and one for the rest of the stage."""
+    from torch.distributed.fsdp import fully_shard
+    # FSDP2 warns when a wrapped module returns a view (in-place ops on it would skip a hook);
+    # the last stage's logits are one, and nothing here writes into them.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+    for block in part.blocks.values():
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(part, mesh=dp_mesh)
+    return part
+
+
+def pipeline_schedule(parts, stage_ids, n_stages: int, pp_mesh, schedule: str, n_microbatches: int, loss_fn):
+    """Step 4: each part a ``PipelineStage`` on the pp group, driven by ``schedule`` (a class name of
+    ``torch.distributed.pipelining.schedules``; interleaved ones take a list of stages)."""
+    from torch.distributed.pipelining import PipelineStage, schedules
+    stages = [PipelineStage(part, stage, n_stages, torch.device("cpu"), group=pp_mesh.get_group())
+              for part, stage in zip(parts, stage_ids)]
+    schedule_class = getattr(schedules, schedule)
+    return schedule_class(stages if len(stages) > 1 else stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+
+
+def place_gradients_like_parameters(parts) -> None:
+    """Redistribute each DTensor gradient whose placement differs from its parameter's.
+
+    Two gradients come out of backward placed unlike their parameters under tensor parallelism in
+    this torch: a sequence-parallel norm's (replicated weight, each rank saw only its positions:
+    Partial(sum)) and a row-wise embedding's (sharded table, Replicate gradient: the full table on
+    every rank). With dp > 1 FSDP2 has already placed them as it reduce-scatters (``FSDPParam``
+    redistributes each gradient's non-dp mesh dimensions) and this finds nothing to do; with
+    dp = 1 it costs one all-reduce per norm parameter and frees the embeddings' other shards.
+    Chapter 11 shows both: dp > 1 in section 3 (step 3), dp = 1 in section 7.
+    """
+    from torch.distributed.tensor import DTensor
+    for part in parts:
+        for p in part.parameters():
+            g = p.grad
+            if isinstance(g, DTensor) and g.placements != p.placements:
+                p.grad = g.redistribute(placements=p.placements)
+
+
 class ParallelGPT:
     """This rank's part of the GPT on a ("dp", "pp", "tp") mesh, with its optimizer and schedule.
 
-    ``loss_fn(logits, targets)`` gets full logits, or with ``vocab_parallel=True`` this rank's
-    vocabulary shard of them (a plain tensor) and must return the mean loss over the micro-batch.
-    ``schedule`` is a class name from ``torch.distributed.pipelining.schedules``; interleaved
-    schedules give each rank ``stages_per_rank`` stages (rank r holds stages r, r + pp, ...).
+    Chapter 11's composition (stage split, tensor parallelism, FSDP2, pipeline schedule), packaged
+    for the exercises. ``loss_fn(logits, targets)`` gets full logits, or with ``vocab_parallel=True``
+    this rank's vocabulary shard of them (a plain tensor) and must return the mean loss over the
+    micro-batch. ``schedule`` is a class name from ``torch.distributed.pipelining.schedules``;
+    interleaved schedules give each rank ``stages_per_rank`` stages (rank r holds stages r, r + pp, ...).
     """
 
     def __init__(self, mesh, config: GPTConfig = GPTConfig(), *, seed: int = 0, n_microbatches: int = 2,
                  schedule: str = "Schedule1F1B", stages_per_rank: int = 1, lr: float = 1e-2,
                  loss_fn=cross_entropy, vocab_parallel: bool = False):
-        from torch.distributed.fsdp import fully_shard
-        from torch.distributed.tensor.parallel import parallelize_module
-        # FSDP2 warns when a wrapped module returns a view (in-place ops on it would skip a hook);
-        # the last stage's logits are one, and nothing here writes into them.
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
         self.mesh, self.loss_fn = mesh, loss_fn
         self.dp, self.pp, self.tp = (mesh[a].size() for a in ("dp", "pp", "tp"))
         self.dp_rank, pp_rank = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
@@ -216,27 +273,18 @@ class ParallelGPT:
         self.stage_ids = [pp_rank + k * self.pp for k in range(stages_per_rank)]
         full = make_gpt(config, seed)
         self.parts = []
-        for stage in self.stage_ids:                            # 1. pipeline: keep my stages only
+        for stage in self.stage_ids:
             part = stage_module(full, stage, n_stages) if n_stages > 1 else full
-            if self.tp > 1:                                     # 2. tensor parallel inside each stage
-                ends, block_plan = tensor_parallel_plan(part, vocab_parallel)
-                parallelize_module(part, mesh["tp"], ends)
-                for block in part.blocks.values():
-                    parallelize_module(block, mesh["tp"], block_plan)
-            if self.dp > 1:                                     # 3. FSDP2 on the data-parallel axis
-                for block in part.blocks.values():
-                    fully_shard(block, mesh=mesh["dp"])
-                fully_shard(part, mesh=mesh["dp"])
+            if self.tp > 1:
+                tensor_parallelize(part, mesh["tp"], vocab_parallel)
+            if self.dp > 1:
+                fsdp_shard(part, mesh["dp"])
             self.parts.append(part)
         self.optimizer = torch.optim.Adam([p for part in self.parts for p in part.parameters()], lr=lr)
         self.first = self.last = True
-        if n_stages > 1:                                        # 4. the pipeline schedule
-            from torch.distributed.pipelining import PipelineStage, schedules
-            stages = [PipelineStage(part, stage, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
-                      for part, stage in zip(self.parts, self.stage_ids)]
-            schedule_class = getattr(schedules, schedule)
-            self.schedule = schedule_class(stages if stages_per_rank > 1 else stages[0],
-                                           n_microbatches=n_microbatches, loss_fn=self._loss)
+        if n_stages > 1:
+            self.schedule = pipeline_schedule(self.parts, self.stage_ids, n_stages, mesh["pp"], schedule,
+                                              n_microbatches, self._loss)
             self.first, self.last = 0 in self.stage_ids, n_stages - 1 in self.stage_ids
 
     def _loss(self, logits, targets):
@@ -265,27 +313,9 @@ class ParallelGPT:
             loss = self._loss(self.parts[0](x), y)
             loss.backward()
             loss = loss.detach()
-        self._match_gradient_placements()
+        place_gradients_like_parameters(self.parts)
         self.optimizer.step()
         return None if loss is None else loss.item()
-
-
-    def _match_gradient_placements(self):
-        # Two gradients come out of backward placed unlike their parameters, under tensor
-        # parallelism in this torch: a sequence-parallel norm's (the weight is replicated over tp,
-        # but each rank saw only its positions: Partial(sum)), and a row-wise embedding's (the
-        # table is sharded over tp, its gradient Replicate: a full table on every rank). DTensor
-        # reduces a Partial tensor where an op needs its value (Adam's square of the gradient),
-        # not once for all; placing each gradient like its parameter here costs one all-reduce
-        # per norm parameter and frees the embedding gradients' other shards. With dp > 1,
-        # FSDP2 has already placed them (FSDPParam redistributes each gradient's non-dp mesh
-        # dimensions), and this finds nothing left to do.
-        from torch.distributed.tensor import DTensor
-        for part in self.parts:
-            for p in part.parameters():
-                g = p.grad
-                if isinstance(g, DTensor) and g.placements != p.placements:
-                    p.grad = g.redistribute(placements=p.placements)
 
 
 def gathered_parameters(modules) -> dict[str, torch.Tensor]:
@@ -390,28 +420,45 @@ def parameter_count(config: GPTConfig) -> int:
 
 
 def communication_per_step(config: GPTConfig, dp: int, pp: int, tp: int, n_microbatches: int,
-                           batch_size: int, stage: int, element_size: int = 8) -> dict[tuple[str, str], tuple[int, int]]:
-    """(axis, op) -> (times, payload bytes) one rank of pipeline stage ``stage`` runs in one
-    training step of ``ParallelGPT`` (one stage per rank; ``element_size`` 8 for its float64), as
-    AxisCount records them.
+                           batch_size: int, stage: int, element_size: int = 8, *, stages_per_rank: int = 1,
+                           loss_parallel: bool = False) -> dict[tuple[str, str], tuple[int, int]]:
+    """(axis, op) -> (times, payload bytes) the rank at pipeline coordinate ``stage`` runs in one
+    training step (``element_size`` 8 for float64), as AxisCount records them.
 
+    With ``stages_per_rank`` > 1 (interleaved schedules) the rank holds stages stage, stage + pp, ...
+    of pp * stages_per_rank, and its counts are the sum over them. ``loss_parallel``: the head's
+    logits stay vocabulary-sharded and ``loss_parallel()`` computes the loss from the shards.
     Derived in chapter 11, section 5, and checked there against the counted ops of every layout."""
-    m = n_microbatches if pp > 1 else 1
-    L, D, V, S, f8 = config.layers // pp, config.width, config.vocab, config.context, element_size
-    first, last = stage == 0, stage == pp - 1
+    n_stages = pp * stages_per_rank
+    m = n_microbatches if n_stages > 1 else 1
+    out: Counter = Counter()
+    for s in range(stage, n_stages, pp):
+        for key, (n, payload) in _stage_communication(config, dp, tp, m, batch_size, s, n_stages, element_size,
+                                                      loss_parallel).items():
+            out[key] = tuple(a + b for a, b in zip(out.get(key, (0, 0)), (n, payload)))
+    return dict(out)
+
+
+def _stage_communication(config, dp, tp, m, batch_size, stage, n_stages, f8, loss_parallel):
+    L, D, V, S = config.layers // n_stages, config.width, config.vocab, config.context
+    first, last = stage == 0, stage == n_stages - 1
+    gathers_logits = last and not loss_parallel
     rows = batch_size // (dp * m)                       # rows of one micro-batch on one rank
     out = {}
     if tp > 1:
         shard, full = rows * (S // tp) * D * f8, rows * S * D * f8
-        gathers = 4 * L + 2 * first + 2 * last           # fwd: 2 per block, ln_f->head, logits; bwd: 2 per block, tok, pos
-        gather_bytes = (4 * L + last) * shard + last * rows * S * (V // tp) * f8 + first * (shard + (S // tp) * D * f8)
+        # fwd: 2 per block, ln_f->head, logits; bwd: 2 per block, tok, pos
+        gathers = 4 * L + 2 * first + last + gathers_logits
+        gather_bytes = (4 * L + last) * shard + gathers_logits * rows * S * (V // tp) * f8 + first * (shard + (S // tp) * D * f8)
         scatters = 4 * L + 2 * first + last              # fwd: o, down, tok, pos; bwd: 2 per block, head input
         scatter_bytes = (4 * L + first + last) * full + first * S * D * f8   # pos embeds one row: (1, S, D)
         out[("tp", "all_gather_into_tensor")] = (m * gathers, m * gather_bytes)
         out[("tp", "reduce_scatter_tensor")] = (m * scatters, m * scatter_bytes)
         norms = 2 * L + last                              # each norm's weight and bias, reduced once a step
-        out[("tp", "all_reduce")] = (2 * norms, 2 * norms * D * f8)
-    if pp > 1:
+        # loss_parallel: per micro-batch, 3 all-reduces of one number per position (max, sum of exps, target's logit)
+        losses = 3 * m * (last and loss_parallel)
+        out[("tp", "all_reduce")] = (2 * norms + losses, 2 * norms * D * f8 + losses * rows * S * f8)
+    if n_stages > 1:
         boundary = rows * (S // tp) * D * f8             # a micro-batch's activation (sequence-sharded under tp)
         for op in ("send", "recv_"):
             n = m * ((not last) + (not first))            # activations forward, their gradients back
@@ -419,12 +466,15 @@ def communication_per_step(config: GPTConfig, dp: int, pp: int, tp: int, n_micro
     if dp > 1:
         local = tp_local_parameters(config, tp)
         ends = first * local["embeddings"] + last * (local["head"] + local["final norm"])
-        # FSDP gathers a stage's outer module once a step and each block once per micro-batch's
-        # forward plus once for backward (kept until the last micro-batch's backward); it
-        # reduce-scatters every unit's full gradients once, after the last micro-batch.
-        out[("dp", "_allgather_base_")] = (1 + L * (m + 1), (ends + (m + 1) * L * local["block"]) * f8 // dp)
-        out[("dp", "_reduce_scatter_base_")] = (1 + L, (ends + L * local["block"]) * f8)
-    return out
+        # FSDP gathers a stage's outer unit once a step (a middle stage's has no parameters of its
+        # own: nothing to gather). A block is freed after each forward and, under a pipeline, kept
+        # whole after a backward: gathered by the first forward and by each op that follows a
+        # forward, m + 1 times in any schedule. Every unit's full gradients are reduce-scattered
+        # once, after the last micro-batch.
+        outer = first or last
+        out[("dp", "_allgather_base_")] = (outer + L * (m + 1), (ends + (m + 1) * L * local["block"]) * f8 // dp)
+        out[("dp", "_reduce_scatter_base_")] = (outer + L, (ends + L * local["block"]) * f8)
+    return {key: value for key, value in out.items() if value[0]}
 
 
 # Bytes a rank puts on the wire per byte of payload, for the ring algorithms of chapter 05

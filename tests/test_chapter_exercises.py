@@ -211,6 +211,37 @@ STOPPED_BY = {
     ("08_zero_fsdp", "wrong3"): ["the bytes rank 0 sent (3 ranks)"],
     # Each rank clips what it holds by its own norm, as in one process: the norm is not the whole gradient's.
     ("08_zero_fsdp", "wrong2"): ["the norm returned on rank 0 vs one process's clip_grad_norm_"],
+    # Chapter 11, exercise 1. Activations left out: the fastest layout of all, whose rank keeps all 8 of its
+    # sequences' activations at once, measured over the budget.
+    ("11_putting_it_together", "wrong5_model_states_only"): [
+        "(2, 1, 2, 1), measured on 4 ranks: its fullest rank (stage 0) peaks at 971776 bytes: model states 68608 + "
+        "activations 903168, over the budget of 873000",
+    ],
+    # m = pp, or every micro-batch in flight at every stage (GPipe's count): (2, 2, 1, 4) is ruled out (its
+    # shape with 2 micro-batches is over the budget; GPipe counts all 4), so both fall back to a slower layout,
+    # and the measured (2, 2, 1, 4) fits.
+    ("11_putting_it_together", "wrong3_m_equals_pp_dist_nn_all_reduce"): [
+        "(2, 2, 1, 4), measured on 4 ranks: fits (472320 bytes at its fullest rank) and the cost model gives it "
+        "0.0212 ms a step, against 0.0236 ms for yours, (4, 1, 1, 1)",
+    ],
+    ("11_putting_it_together", "wrong6_gpipe_in_flight"): [
+        "(2, 2, 1, 4), measured on 4 ranks: fits (472320 bytes at its fullest rank) and the cost model gives it "
+        "0.0212 ms a step, against 0.0236 ms for yours, (4, 1, 1, 1)",
+    ],
+    # Always the most micro-batches: the bubble is smallest, but FSDP gathers every block once a micro-batch.
+    ("11_putting_it_together", "wrong4_largest_m_gathered_logits"): [
+        "(2, 2, 1, 4), measured on 4 ranks: fits (472320 bytes at its fullest rank) and the cost model gives it "
+        "0.0212 ms a step, against 0.0213 ms for yours, (1, 2, 2, 32)",
+    ],
+    # Right in the visible case; each is stopped by the hidden case drawn, whatever the grading run's secret, to
+    # make that mistake return a layout over the budget: the head left out of the only stage (pp = 1), the
+    # norms divided by tp.
+    ("11_putting_it_together", "wrong1_no_head_local_log_softmax"): [
+        "FAILED hidden case 1 of 6 (the head decides)", "), over the budget",
+    ],
+    ("11_putting_it_together", "wrong2_norms_over_tp_detached_sum"): [
+        "FAILED hidden case 2 of 6 (the replicated norms decide)", "), over the budget",
+    ],
 }
 
 
