@@ -205,6 +205,22 @@ _WATCH_PROGRESS = """() => {
 }"""
 
 
+def _wait_until_every_cell_is_rendered(page, run: BrowserRun, code_cells: int, timeout_s: float = 180) -> None:
+    """JupyterLab 4 (windowing mode "contentVisibility", its default) puts a notebook's cells into
+    the page a few at a time, in the browser's idle time, and a busy browser has little. A cell
+    that runs before it is there updates its outputs off the page: a launch's live view and
+    progress bars come and go unseen (a cause of "0 progress bars showed", reproduced with the
+    browser's CPU throttled 6x). So Run All waits until every code cell is in the page."""
+    try:
+        page.wait_for_function("n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                               ".jp-Cell.jp-CodeCell').length >= n", arg=code_cells, timeout=timeout_s * 1000)
+    except Exception:  # noqa: BLE001 - reported as a problem of the page, the run goes on
+        shown = page.evaluate("() => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+                              ".jp-Cell.jp-CodeCell').length")
+        run.problems.append(f"only {shown} of {code_cells} code cells were in the page {timeout_s:.0f} s after "
+                            "the kernel was ready")
+
+
 def _run_all(page) -> None:
     """Run > Run All Cells, from JupyterLab's own menu (as a learner clicks it)."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=30_000)
@@ -240,6 +256,7 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     page.wait_for_function("() => /\\|\\s*Idle/.test((document.querySelector('#jp-main-statusbar') || {}).textContent"
                            " || '')", timeout=120_000)
     time.sleep(1)
+    _wait_until_every_cell_is_rendered(page, run, stored.code_cells)
     if shots:
         page.screenshot(path=str(shots / f"{Path(name).stem}-top.png"))
     page.evaluate(_WATCH_PROGRESS)
