@@ -295,9 +295,10 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     if stored.widgets and not run.widgets_responded:
         run.problems.append("no explorer answered when its slider was moved")
     if shots:
-        page.keyboard.press("Control+End")
-        page.evaluate("() => { const n = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
-                      ".jp-WindowedPanel-outer'); if (n) n.scrollTop = n.scrollHeight; }")
+        # The last cell, not the panel's full height: below the last cell JupyterLab leaves a
+        # view's height of empty space (its "scroll past end"), and the screenshot showed only that.
+        with contextlib.suppress(Exception):
+            page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").last.scroll_into_view_if_needed(timeout=10_000)
         time.sleep(1)
         page.screenshot(path=str(shots / f"{Path(name).stem}-end.png"))
     return run
