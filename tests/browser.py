@@ -357,7 +357,7 @@ def output_differences(saved: Path, stored: Path, sanitize_file: Path) -> list[s
     Cells marked NBVAL_IGNORE_OUTPUT or NBVAL_SKIP, and cells stored unrun, are not compared.
     """
     import nbformat
-    from nbval.plugin import coalesce_streams, find_comment_markers, find_metadata_tags
+    from nbval.plugin import coalesce_streams
 
     comparison = _StoredOutputComparison(sanitize_file)
     now = [c for c in nbformat.read(saved, as_version=4).cells if c.cell_type == "code"]
@@ -366,9 +366,7 @@ def output_differences(saved: Path, stored: Path, sanitize_file: Path) -> list[s
         return [f"the saved notebook has {len(now)} code cells, the stored one {len(then)}"]
     problems = []
     for number, (ran, kept) in enumerate(zip(now, then)):
-        options = dict(find_metadata_tags(kept.metadata))
-        options.update(dict(find_comment_markers(kept.source)))
-        if options.get("skip") or not options.get("check", True) or kept.execution_count is None:
+        if not _outputs_compared(kept) or kept.execution_count is None:
             continue
         comparison.comparison_traceback = []
         if not comparison.compare_outputs(coalesce_streams(ran.outputs), coalesce_streams(kept.outputs)):
