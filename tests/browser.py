@@ -193,7 +193,7 @@ _READ_PAGE = """() => {
     images: [...cell.querySelectorAll('.jp-OutputArea-output img')].filter(i => !i.closest('.jupyter-widgets'))
               .map(i => i.complete && i.naturalWidth > 0),
     widgets: cell.querySelectorAll('.jp-OutputArea-output .jupyter-widgets, .jp-OutputArea-output .widget-container, .jp-OutputArea-output .lm-Widget.jupyter-widgets').length,
-    progress: cell.querySelectorAll('.jp-OutputArea-output :is(.widget-hprogress, .widget-vprogress)').length,
+    progress: cell.querySelectorAll('.jp-OutputArea-output :is(progress, .widget-hprogress, .widget-vprogress)').length,
     fallback: [...cell.querySelectorAll('.jp-OutputArea-output')].some(o => /^(IntSlider|FloatSlider|VBox|HBox|interactive|Dropdown)\\(/.test(o.textContent.trim())),
   }));
 }"""
@@ -203,7 +203,7 @@ _READ_PAGE = """() => {
 _WATCH_PROGRESS = """() => {
   window.__progressBarsSeen = 0;
   new MutationObserver(() => {
-    const shown = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output :is(.widget-hprogress, .widget-vprogress)').length;
+    const shown = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output :is(progress, .widget-hprogress, .widget-vprogress)').length;
     window.__progressBarsSeen = Math.max(window.__progressBarsSeen, shown);
   }).observe(document.body, {childList: true, subtree: true});
 }"""

@@ -404,7 +404,7 @@ def test_a_sandbox_that_cannot_start_leaves_its_submission_not_graded_and_the_ot
     outcomes[markers[1]] = grade.CellOutcome("failed", "RuntimeError")
     records = {markers[1]: {"ename": "RuntimeError", "evalue": "the sandbox's first process is not in its cgroups"}}
     run = grade.RunResult(outcomes, records, {})
-    options = SimpleNamespace(cell_timeout=60)
+    options = SimpleNamespace(cell_timeout=60, setup_timeout=600)
     assert grade.grader_setup_failure(run, places[0], reference, options) is None
     assert grade.submission_start_failure(run, places[0], options) is None
     assert grade.submission_start_failure(run, places[2], options) is None
@@ -414,9 +414,9 @@ def test_a_sandbox_that_cannot_start_leaves_its_submission_not_graded_and_the_ot
 
 
 def test_a_setup_that_fails_blames_the_grader_not_the_student(tmp_path):
-    # On a busy machine the reference's setup cell (the course's code, none of the student's) can
-    # outlast a short --cell-timeout: every check then fails with a NameError that says nothing
-    # about the answers. The feedback must say the grader failed, and grade.py must warn.
+    # The reference's setup cell (the course's code, none of the student's) can outlast even
+    # --setup-timeout on a very busy machine: every check would then fail with a NameError that says
+    # nothing about the answers. The feedback must say the grader failed, and grade.py must warn.
     solution = read_notebook(FIXTURES / BASICS)
     setup = cell_with_id(solution, "setup")
     setup.source = "import time\ntime.sleep(60)  # a setup slower than the cell timeout\n" + setup.source
@@ -427,13 +427,41 @@ def test_a_setup_that_fails_blames_the_grader_not_the_student(tmp_path):
     write(tmp_path / "class", "alice", BASICS, answered(BASICS, CORRECT))
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(tmp_path / "class"),
                            "--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises"),
-                           "--cell-timeout", "4", "--jobs", "1"], capture_output=True, text=True, timeout=300)
+                           "--cell-timeout", "4", "--setup-timeout", "4", "--jobs", "1"], capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = (tmp_path / "class" / "alice" / "feedback.txt").read_text()
     assert "not graded: the grader's own setup (code cell" in text, text
-    assert "none of the student's code) did not finish within the cell timeout (4 s)" in text, text
+    assert "none of the student's code) did not finish within the setup timeout (4 s)" in text, text
     assert "NameError" not in text and "FAILED" not in text, text
     assert f"warning: {BASICS}: the grader's own setup" in proc.stderr, proc.stderr
+
+
+def test_the_graders_own_cells_run_under_the_setup_timeout_and_the_students_under_the_cell_timeout(tmp_path):
+    # A class graded with many jobs on few cores can slow the setup (torch imported, data loaded)
+    # past a student's --cell-timeout; it must not leave the batch "not graded". The plugin lends
+    # the cells the grader names its own limit; every other cell keeps nbval's.
+    from course_lib.grading import running
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in
+                      ["import time\ntime.sleep(4)  # the grader's: slower than the cell timeout",
+                       "import time\ntime.sleep(4)  # a student's, as slow",
+                       "print('after')"]]
+    nbformat.write(notebook, tmp_path / "own.ipynb")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    command = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.verdicts",
+               "-p", "course_lib.grading.own_cells", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
+               "--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=1", "--grader-own-cells=0",
+               "--grader-own-cell-timeout=120", "-q", str(tmp_path / "own.ipynb")]
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONPATH=str(REPO))
+    finished, lines = running.run_pytest(command, tmp_path, env, tmp_path / "log", time_limit=240)
+    outcomes = running.read_verdicts(lines)
+    log = (tmp_path / "log").read_text()
+    assert finished and sorted(outcomes) == [0, 1, 2], log
+    assert outcomes[0].status == "passed", log
+    assert outcomes[1].status == "failed" and "Timeout of 1 seconds" in outcomes[1].message, log
+    assert outcomes[2].status == "passed", log
 
 
 def test_a_solution_whose_checks_would_run_answers_in_the_judge_is_refused(tmp_path):
@@ -478,7 +506,7 @@ def test_every_cell_that_crashes_the_judge_is_set_aside_and_the_rest_of_the_batc
     monkeypatch.setattr(running, "run_pytest", judge_run)  # run_merged's module, where it looks them up
     monkeypatch.setattr(running, "read_verdicts", lambda lines: lines[0][0])
     monkeypatch.setattr(running, "read_records", lambda path, sources: runs[-1])
-    options = SimpleNamespace(cell_timeout=5, secret="s", no_sandbox=False, run_id="t", jobs=1)
+    options = SimpleNamespace(cell_timeout=5, setup_timeout=5, secret="s", no_sandbox=False, run_id="t", jobs=1)
     result = grader.run_merged(notebook, tmp_path, options)
     assert sorted(result.replaced) == sorted(crashing)
     assert all(result.outcomes[n].status == "passed" for n in range(9) if n not in crashing)

@@ -208,7 +208,7 @@ def progress_kernel():
 def _progress_display(client, steps, seconds_per_step):
     """What the kernel sends while PROGRESS_RUN runs, and how long the bars stay shown."""
     msg_id = client.execute(PROGRESS_RUN.format(steps=steps, seconds_per_step=seconds_per_step))
-    seen = {"widget_updates": 0, "bars": {}, "last_update": None, "streams": [], "shown_at": None}
+    seen = {"bar_updates": 0, "bars": set(), "last_update": None, "streams": [], "shown_at": None}
     while True:
         message = client.get_iopub_msg(timeout=60)
         if message["parent_header"].get("msg_id") != msg_id:
@@ -216,17 +216,14 @@ def _progress_display(client, steps, seconds_per_step):
         kind, content, at = message["msg_type"], message["content"], message["header"]["date"]
         if kind == "update_display_data":
             seen["last_update"] = content["data"]
-            if "application/vnd.jupyter.widget-view+json" in content["data"]:
-                seen["widget_updates"] += 1
+            html = content["data"].get("text/html", "")
+            if "<progress" in html:  # one bar per rank, each row naming its rank
+                seen["bar_updates"] += 1
                 seen["shown_at"] = seen["shown_at"] or at
+                seen["bars"] |= set(re.findall(r"<code>(rank \d+)</code> <progress", html))
+                seen["values"] = re.findall(r'<progress value="(\d+)" max="(\d+)"', html)
             elif seen["shown_at"]:
                 seen["shown_s"] = (at - seen["shown_at"]).total_seconds()
-        elif kind == "comm_msg":
-            state = content["data"].get("state", {})
-            if "description" in state:
-                seen["bars"][content["comm_id"]] = state["description"]
-        elif kind == "comm_open" and content["data"].get("state", {}).get("_model_name") == "IntProgressModel":
-            seen["bars"][content["comm_id"]] = content["data"]["state"].get("description")
         elif kind == "stream":
             seen["streams"].append(content["text"])
         elif kind == "status" and content["execution_state"] == "idle":
@@ -235,8 +232,9 @@ def _progress_display(client, steps, seconds_per_step):
 
 def test_report_progress_shows_per_rank_progress_bars_while_running_and_nothing_after(progress_kernel):
     seen = _progress_display(progress_kernel, steps=6, seconds_per_step=0.4)
-    assert seen["widget_updates"] >= 1, "the progress bars were never displayed"
-    assert sorted(seen["bars"].values()) == ["rank 0", "rank 1"], seen["bars"]
+    assert seen["bar_updates"] >= 1, "the progress bars were never displayed"
+    assert sorted(seen["bars"]) == ["rank 0", "rank 1"], seen["bars"]
+    assert seen["values"] == [("6", "6"), ("6", "6")], seen  # the last bars shown: both ranks done
     assert seen["last_update"] == {"text/plain": ""}  # emptied: the stored output is the transcript only
     assert "".join(seen["streams"]) == ""
 
@@ -244,6 +242,6 @@ def test_report_progress_shows_per_rank_progress_bars_while_running_and_nothing_
 def test_a_quick_runs_bars_still_show_long_enough_to_see(progress_kernel):
     # One step and no work: the launch ends before the live view's next refresh would draw the bars.
     seen = _progress_display(progress_kernel, steps=1, seconds_per_step=0.0)
-    assert sorted(seen["bars"].values()) == ["rank 0", "rank 1"], seen["bars"]
+    assert sorted(seen["bars"]) == ["rank 0", "rank 1"], seen["bars"]
     assert seen.get("shown_s", 0) >= launcher._BARS_SHOWN_AT_LEAST_S, seen
     assert seen["last_update"] == {"text/plain": ""}

@@ -3,7 +3,7 @@
 The grader's command line (introduced with chapter 01's exercises), beside the judge, the sandbox
 and the verdicts plugin it runs. Usage (``course-grade`` once the course is installed, or
 ``python scripts/grade.py``):
-    course-grade SUBMISSIONS [--jobs N] [--cell-timeout S] [--solutions DIR] [--exercises DIR]
+    course-grade SUBMISSIONS [--jobs N] [--cell-timeout S] [--setup-timeout S] [--solutions DIR] [--exercises DIR]
 
 Layout: ``SUBMISSIONS/<student>/<name>.ipynb``, where ``<name>.ipynb`` is the file name of an
 exercise notebook in exercises/. Writes ``SUBMISSIONS/grades.csv`` and
@@ -21,7 +21,9 @@ How one notebook is scored, and the module of each step (in course_lib/grading/)
    (course_lib.grading.judge): the answer cells reach it as text and run only in fresh
    learner-side worker processes, which send back data only. Each cell's outcome comes back
    on a pipe only pytest holds (course_lib.grading.verdicts). A cell that runs past the
-   timeout is interrupted and fails; the cells after it still run. If the kernel could not be
+   timeout is interrupted and fails; the cells after it still run (the grader's own cells, the
+   setup and the start of each submission's sandbox, have a limit of their own, ``--setup-timeout``:
+   course_lib.grading.own_cells). If the kernel could not be
    interrupted (or crashed), that cell is replaced by one that raises and the notebook is run
    again, so a hang costs only the cell it hits. Every process a notebook started is stopped
    afterwards. One judge grades up to ``--max-batch`` submissions of an exercise in turn (its
@@ -31,7 +33,7 @@ How one notebook is scored, and the module of each step (in course_lib/grading/)
    (course_lib.grading.judge.next_submission). That saves a kernel start per submission.
 3. Score (``scoring.py``). A check cell (``grade: true``) earns its ``points`` when it ran
    without an error. If one of the grader's own cells failed (the recorder, or the reference's
-   cells before its first answer or check: a setup that outlasted the cell timeout on a busy
+   cells before its first answer or check: a setup that outlasted --setup-timeout on a busy
    machine, say), no check is scored: the feedback says the grader failed, and grade.py warns
    on stderr.
 4. Feedback (``reporting.py``, which also prints the table and writes grades.csv). For each
@@ -67,7 +69,8 @@ from .merging import (  # noqa: F401
 from .reporting import FEEDBACK_FILE, print_table, report_progress, write_csv, write_feedback
 from .running import CellOutcome, RunResult, kill_running, run_merged  # noqa: F401
 from .sandbox import remove_leftovers, sandbox_problem
-from .scoring import NotebookResult, grader_setup_failure, not_graded, prepare, score, submission_start_failure
+from .scoring import (NotebookResult, grader_own_cells, grader_setup_failure, not_graded, prepare, score,
+                      submission_start_failure)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,14 +86,14 @@ def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: R
         first = batch[0][0].student
         workdir = Path(tempfile.mkdtemp(prefix=f"{first}-{Path(reference.name).stem}-", dir=options.work_root))
         try:
-            run = run_merged(merged, workdir, options)
+            run = run_merged(merged, workdir, options, grader_own_cells(places, reference))
         finally:
             if not options.keep_work:
                 shutil.rmtree(workdir, ignore_errors=True)
         failure = grader_setup_failure(run, places[0], reference, options)
         if failure:  # the grader's fault, not the students': say so, and blame no answer for it
             print(f"warning: {reference.name}: {failure}; {len(batch)} submission(s) not graded "
-                  "(grade them again; on a busy machine, with a larger --cell-timeout)", file=sys.stderr, flush=True)
+                  "(grade them again; on a busy machine, with a larger --setup-timeout)", file=sys.stderr, flush=True)
         for (result, _), numbers, note in zip(batch, places, notes):
             result.notes = note
             own_failure = failure or submission_start_failure(run, numbers, options)
@@ -141,6 +144,10 @@ def argument_parser() -> argparse.ArgumentParser:
                              "kernel for each)")
     parser.add_argument("--cell-timeout", type=float, default=120,
                         help="seconds one cell may run before it is stopped and fails (default 120)")
+    parser.add_argument("--setup-timeout", type=float, default=600,
+                        help="seconds one of the grader's own cells (the setup before the first answer, the start of "
+                             "each submission's sandbox: none of a student's code) may run; never less than "
+                             "--cell-timeout (default 600)")
     parser.add_argument("--csv", type=Path, default=None, help="where to write the table (default SUBMISSIONS/grades.csv)")
     parser.add_argument("--keep-work", type=Path, default=None,
                         help="keep the merged notebooks and pytest logs here (they contain hidden tests)")
@@ -156,6 +163,7 @@ def parse_options(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.
     options.run_id = secrets.token_hex(4)
     options.jobs = max(1, options.jobs)
     options.max_batch = max(1, options.max_batch)
+    options.setup_timeout = max(options.setup_timeout, options.cell_timeout)
     options.secret = secrets.token_hex(16)  # this run's hidden cases: known to no submission
     return options
 
@@ -239,7 +247,7 @@ def main(argv: list[str]) -> int:
     else:
         options.work_root = None
     print(f"grading {len(students)} students x {len(names)} notebooks with {options.jobs} jobs "
-          f"(cell timeout {options.cell_timeout:g} s, up to {options.max_batch} submissions per judge, "
+          f"(cell timeout {options.cell_timeout:g} s, setup {options.setup_timeout:g} s, up to {options.max_batch} submissions per judge, "
           f"{'NOT SANDBOXED' if options.no_sandbox else 'each submission in a sandbox'})", flush=True)
     started = time.monotonic()
     table = grade_class(students, names, references, options)

@@ -188,10 +188,12 @@ def judge_env(rundir: Path, options) -> dict[str, str]:
                 OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
 
 
-def pytest_command(rundir: Path, nb_path: Path, options) -> list[str]:
+def pytest_command(rundir: Path, nb_path: Path, options, own_cells: list[int]) -> list[str]:
     return [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.verdicts",
-            "-c", str(rundir / "pytest.ini"), "--rootdir", str(rundir), "--nbval-lax", "--nbval-current-env",
-            f"--nbval-cell-timeout={options.cell_timeout}", "-q", str(nb_path)]
+            "-p", "course_lib.grading.own_cells", "-c", str(rundir / "pytest.ini"), "--rootdir", str(rundir),
+            "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={options.cell_timeout}",
+            f"--grader-own-cells={','.join(map(str, own_cells))}",
+            f"--grader-own-cell-timeout={options.setup_timeout}", "-q", str(nb_path)]
 
 
 def cell_to_replace(count: int, outcomes: dict[int, CellOutcome], records: dict[int, dict],
@@ -208,10 +210,14 @@ def cell_to_replace(count: int, outcomes: dict[int, CellOutcome], records: dict[
     return stuck
 
 
-def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResult:
+def run_merged(merged: nbformat.NotebookNode, workdir: Path, options, own_cells: list[int] = ()) -> RunResult:
+    """Run a merged notebook; own_cells (the grader's, none of a student's code) run under
+    options.setup_timeout, every other cell under options.cell_timeout."""
     code_count = sum(cell.cell_type == "code" for cell in merged.cells)
+    own_cells = sorted(set(own_cells))
     replaced: dict[int, str] = {}
-    time_limit = options.cell_timeout * (code_count + 1) + 120
+    time_limit = (options.cell_timeout * (code_count - len(own_cells) + 1) + options.setup_timeout * len(own_cells)
+                  + 120)
     # Each rerun replaces one more cell that never finished, so one rerun per code cell is enough for
     # any number of them: however many cells crash the judge, every other cell of the batch still runs.
     last_attempt = code_count
@@ -219,7 +225,7 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
         rundir = workdir / f"run{attempt}"
         rundir.mkdir()
         nb_path, sources = write_attempt(merged, replaced, rundir, options.secret)
-        in_time, verdict_lines = run_pytest(pytest_command(rundir, nb_path, options), rundir,
+        in_time, verdict_lines = run_pytest(pytest_command(rundir, nb_path, options, own_cells), rundir,
                                             judge_env(rundir, options), rundir / "pytest.log", time_limit)
         outcomes = read_verdicts(verdict_lines)
         records = read_records(rundir / "records.jsonl", sources)
@@ -232,6 +238,7 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options) -> RunResu
         if stuck is None or attempt == last_attempt:
             return RunResult(outcomes, records, replaced)
         # nbval cannot tell these apart: both end in its cell timeout without a reply.
-        replaced[stuck] = (f"this cell did not finish: it ran longer than {options.cell_timeout:g} s and could "
+        limit = options.setup_timeout if stuck in own_cells else options.cell_timeout
+        replaced[stuck] = (f"this cell did not finish: it ran longer than {limit:g} s and could "
                            "not be interrupted (an infinite loop?), or it crashed the Python kernel")
     raise AssertionError("unreachable")

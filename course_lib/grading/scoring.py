@@ -108,13 +108,24 @@ def score(result: NotebookResult, run: RunResult, numbers: dict[int, int], refer
 # --------------------------------------------------------------------------
 # The grader's own cells: when one failed, the submissions are not graded
 # --------------------------------------------------------------------------
-def grader_setup_failure(run: RunResult, numbers: dict[int, int], reference: Reference, options) -> str | None:
-    """Why the grader's own cells failed, or None: the recorder and the reference's cells before its
-    first answer or check cell, which hold no student's code (a setup that timed out on a busy
-    machine, say). Then no check says anything about the student's answers."""
+def setup_cells(numbers: dict[int, int], reference: Reference) -> list[int]:
+    """The merged run's code cells of the grader's setup: the recorder (code cell 0) and the
+    reference's cells before its first answer or check cell, which hold no student's code."""
     first_student_cell = min([*reference.answer_ids.values(), *(check.cell_index for check in reference.checks)])
-    own = [0] + sorted(number for index, number in numbers.items() if 0 <= index < first_student_cell)
-    for number in own:
+    return [0] + sorted(number for index, number in numbers.items() if 0 <= index < first_student_cell)
+
+
+def grader_own_cells(places: list[dict[int, int]], reference: Reference) -> list[int]:
+    """Every code cell of a batch's run that holds none of a student's code: the setup (run once,
+    with the first submission), and the cell before each submission that starts its sandbox."""
+    starts = [numbers[NEXT_MARKER] for numbers in places if NEXT_MARKER in numbers]
+    return sorted({*setup_cells(places[0], reference), *starts})
+
+
+def grader_setup_failure(run: RunResult, numbers: dict[int, int], reference: Reference, options) -> str | None:
+    """Why the grader's own setup cells failed, or None (a setup that outlasted --setup-timeout on a
+    busy machine, say). Then no check says anything about the student's answers."""
+    for number in setup_cells(numbers, reference):
         why = grader_cell_failure(run, number, options)
         if why:
             return f"the grader's own setup (code cell {number}, none of the student's code) {why}"
@@ -135,7 +146,7 @@ def grader_cell_failure(run: RunResult, number: int, options) -> str | None:
     if outcome.status == "passed" and number not in run.replaced:
         return None
     if number in run.replaced or "Timeout of" in outcome.message:
-        return f"did not finish within the cell timeout ({options.cell_timeout:g} s)"
+        return f"did not finish within the setup timeout ({options.setup_timeout:g} s)"
     if run.records.get(number, {}).get("ename"):
         record = run.records[number]
         return f"raised {record['ename']}: {record.get('evalue') or ''}".rstrip(": ")

@@ -43,14 +43,16 @@ def _in_notebook_kernel() -> bool:
 class _LiveView:
     """Shows the ranks' progress in one notebook display while a launch runs.
 
-    Text (each rank's latest lines) by default; per-rank progress bars (ipywidgets)
-    once a rank calls ``report_progress``. The display is emptied at the end, so the
-    stored cell output holds only the ordered transcript printed afterwards.
+    Text (each rank's latest lines) by default; per-rank progress bars once a rank calls
+    ``report_progress``. The bars are HTML ``<progress>`` elements, not widgets: a frontend draws
+    them in the same step as the message that brings them (a widget view is built asynchronously
+    after its model, so a busy browser could be told to clear the bars before drawing them), and
+    they need no widget extension. The display is emptied at the end, so the stored cell output
+    holds only the ordered transcript printed afterwards.
     """
 
     def __init__(self, enabled: bool, world_size: int):
         self.handle = None
-        self.bars = None
         self.bars_since = None
         self.world_size = world_size
         self.last = 0.0
@@ -65,7 +67,8 @@ class _LiveView:
             return
         self.last = time.monotonic()
         progress = [_read_progress(path) for path in progress_paths]
-        if any(progress) and self._show_bars(progress):
+        if any(progress):
+            self._show_bars(progress)
             return
         lines = [f"running for {time.monotonic() - started:.0f} s ..."]
         for rank, path in enumerate(out_paths):
@@ -73,41 +76,39 @@ class _LiveView:
             lines += [f"[rank {rank}] {line}" for line in tail]
         self.handle.update({"text/plain": "\n".join(lines)}, raw=True)
 
-    def _show_bars(self, progress) -> bool:
-        try:
-            import ipywidgets as widgets
-        except ImportError:
-            return False
-        if self.bars is None:
-            self.bars = [widgets.IntProgress(min=0, max=1, description=f"rank {rank}")
-                         for rank in range(self.world_size)]
-            self.labels = [widgets.Label("") for _ in range(self.world_size)]
-            rows = [widgets.HBox([bar, label]) for bar, label in zip(self.bars, self.labels)]
-            self.box = widgets.VBox(rows)
-            self.handle.update(self.box)
-            self.bars_since = time.monotonic()
-        for bar, label, state in zip(self.bars, self.labels, progress):
-            if state:
-                step, total = state
-                bar.max, bar.value = max(total, 1), min(step, max(total, 1))
-                label.value = f"{step} / {total}"
-        return True
+    def _show_bars(self, progress) -> None:
+        self.handle.update(_progress_bars(progress), raw=True)
+        self.bars_since = self.bars_since or time.monotonic()
 
     def finish(self, progress_paths):
         """After a successful launch: the bars at their final values, on screen long enough to see."""
         if self.handle is None:
             return
         progress = [_read_progress(path) for path in progress_paths]
-        if any(progress) and self._show_bars(progress):
+        if any(progress):
+            self._show_bars(progress)
             time.sleep(max(0.0, self.bars_since + _BARS_SHOWN_AT_LEAST_S - time.monotonic()))
 
     def close(self):
         if self.handle is not None:
             self.handle.update({"text/plain": ""}, raw=True)
-        if self.bars is not None:
-            self.box.close()
-            for widget in self.bars + self.labels:
-                widget.close()
+
+
+def _progress_bars(progress) -> dict[str, str]:
+    """One row per rank, "rank r [bar] step / total", as HTML and as text (for a plain frontend).
+    A rank that has not reported yet shows an indeterminate bar ("waiting")."""
+    html, text = [], []
+    for rank, state in enumerate(progress):
+        if state is None:
+            bar, words, filled = '<progress max="1" style="width: 20em"></progress>', "waiting", 0
+        else:
+            step, total = state
+            done, width = min(max(step, 0), max(total, 1)), max(total, 1)
+            bar = f'<progress value="{done}" max="{width}" style="width: 20em"></progress>'
+            words, filled = f"{step} / {total}", round(20 * done / width)
+        html.append(f"<div><code>rank {rank}</code> {bar} <code>{words}</code></div>")
+        text.append(f"rank {rank} [{'#' * filled}{'.' * (20 - filled)}] {words}")
+    return {"text/html": "\n".join(html), "text/plain": "\n".join(text)}
 
 
 def _read_progress(path: str):
