@@ -88,8 +88,12 @@ def test_lesson_runs_in_jupyterlab_as_stored(lab, screenshots, name):
     # `make test` runs each lesson once, here, instead of once here and once more under nbval.
     # 900 s guards against a hang, it measures no speed: lesson 01 with spawned workers, beside the
     # sandboxed class grading on 2 cores, took 588 s in one fresh-clone run and ran past 600 s in the next.
-    run = run_notebook(page, server, name, stored, screenshots, compare_with=REPO / "notebooks" / name,
-                       sanitize_file=REPO / "nbval_sanitize.cfg", timeout_s=900)
+    try:
+        run = run_notebook(page, server, name, stored, screenshots, compare_with=REPO / "notebooks" / name,
+                           sanitize_file=REPO / "nbval_sanitize.cfg", timeout_s=900)
+    finally:
+        left = server.shut_down_kernels()  # the next lesson runs without this one's kernel beside it
+    assert not left, f"kernels {left} still running 60 s after they were told to shut down"
     kernel = f", kernel {variant}" if variant else ""
     assert not run.problems, f"{name} in the browser ({run.seconds:.0f} s{kernel}):\n" + "\n".join(run.problems)
     assert NEWS_PROMPT not in page.inner_text("body"), "JupyterLab's news pop-up covers the notebook"

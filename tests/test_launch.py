@@ -2,6 +2,7 @@
 
 import multiprocessing as mp
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -459,7 +460,7 @@ def test_workers_own_children_are_stopped_too(tmp_path):
         launch(start_grandchild_then_fail, 2, args=(str(tmp_path),), timeout=60)
     pids = read_pids(tmp_path)
     assert len(pids) == 2
-    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=5)
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=60)  # a guard against a hang only
 
 
 # ---------------------------------------------------------------- bad input
@@ -578,17 +579,26 @@ def start_parent(tmp_path):
 
 
 def test_keyboard_interrupt_stops_every_worker(tmp_path):
+    # What a learner relies on: the interrupt reaches their code, and every worker is stopped
+    # (launch kills them before the KeyboardInterrupt leaves it). How long the parent then takes to
+    # exit is Python tearing down torch, about 1 s of CPU: beside the suite's other jobs on 2 cores
+    # it once took over 20 s. So the limits below only guard against a hang.
     parent, pids = start_parent(tmp_path)
+    interrupted_at = time.monotonic()
     parent.send_signal(signal.SIGINT)
-    assert parent.wait(timeout=20) == 7 and "interrupted" in parent.stdout.read()
-    assert not any(alive(pid) for pid in pids)
+    ready, _, _ = select.select([parent.stdout], [], [], 120)
+    line = parent.stdout.readline() if ready else ""
+    assert line == "interrupted\n", f"no 'interrupted' from the parent {time.monotonic() - interrupted_at:.0f} s later"
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=60), "workers still running"
+    assert parent.wait(timeout=120) == 7
 
 
 def test_workers_die_with_their_parent(tmp_path):
     parent, pids = start_parent(tmp_path)
     parent.kill()  # SIGKILL: no chance to clean up
     parent.wait(timeout=20)
-    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=5)
+    # Within a second on an idle machine; 60 s only guards against workers that never stop.
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=60)
 
 
 # ---------------------------------------------------------------- the same function under torchrun
