@@ -450,10 +450,10 @@ def test_the_graders_own_cells_run_under_the_setup_timeout_and_the_students_unde
                        "print('after')"]]
     nbformat.write(notebook, tmp_path / "own.ipynb")
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
-    command = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.verdicts",
-               "-p", "course_lib.grading.own_cells", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
-               "--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=1", "--grader-own-cells=0",
-               "--grader-own-cell-timeout=120", "-q", str(tmp_path / "own.ipynb")]
+    from types import SimpleNamespace
+
+    limits = SimpleNamespace(cell_timeout=1, setup_timeout=120)
+    command = running.pytest_command(tmp_path, tmp_path / "own.ipynb", limits, own_cells=[0])  # the grader's own
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONPATH=str(REPO))
     finished, lines = running.run_pytest(command, tmp_path, env, tmp_path / "log", time_limit=240)
     outcomes = running.read_verdicts(lines)

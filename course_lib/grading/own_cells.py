@@ -24,8 +24,11 @@ def pytest_addoption(parser):
                     help="seconds each of those cells may run")
 
 
-def own_cell_numbers(config) -> set[int]:
-    return {int(number) for number in config.option.grader_own_cells.split(",") if number.strip()}
+_own_cells: set[int] = set()  # parsed once, in pytest_configure
+
+
+def pytest_configure(config):
+    _own_cells.update(int(number) for number in config.option.grader_own_cells.split(",") if number.strip())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -33,7 +36,7 @@ def pytest_runtest_call(item):
     # nbval reads config.option.nbval_cell_timeout as it runs each cell (its runtest)
     match = re.fullmatch(r"Cell (\d+)", item.name)
     limit = item.config.option.grader_own_cell_timeout
-    if match is None or limit is None or int(match[1]) not in own_cell_numbers(item.config):
+    if match is None or limit is None or int(match[1]) not in _own_cells:
         yield
         return
     usual = item.config.option.nbval_cell_timeout

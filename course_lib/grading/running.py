@@ -214,7 +214,6 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options, own_cells:
     """Run a merged notebook; own_cells (the grader's, none of a student's code) run under
     options.setup_timeout, every other cell under options.cell_timeout."""
     code_count = sum(cell.cell_type == "code" for cell in merged.cells)
-    own_cells = sorted(set(own_cells))
     replaced: dict[int, str] = {}
     time_limit = (options.cell_timeout * (code_count - len(own_cells) + 1) + options.setup_timeout * len(own_cells)
                   + 120)
