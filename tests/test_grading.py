@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import psutil
@@ -341,7 +342,6 @@ def test_merge_takes_answers_by_grade_id_and_checks_from_reference():
 def test_one_judge_forgets_each_submission_before_the_next():
     # grade.py grades several submissions with one judge kernel; between two, nothing a check
     # bound for the first (or the answer cells it recorded) may remain for the second.
-    from types import SimpleNamespace
 
     from course_lib.grading import judge
 
@@ -390,7 +390,6 @@ def test_a_sandbox_that_cannot_start_leaves_its_submission_not_graded_and_the_ot
     # The grader's cell before each submission ends the last sandbox and starts the next one's: no
     # student's code runs in it. When it fails, that submission is "not graded" (not given 0), the
     # batch's setup is not blamed, and the submissions around it are scored as usual.
-    from types import SimpleNamespace
 
     from course_lib.grading import grader as grade
 
@@ -450,7 +449,6 @@ def test_the_graders_own_cells_run_under_the_setup_timeout_and_the_students_unde
                        "print('after')"]]
     nbformat.write(notebook, tmp_path / "own.ipynb")
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
-    from types import SimpleNamespace
 
     limits = SimpleNamespace(cell_timeout=1, setup_timeout=120)
     command = running.pytest_command(tmp_path, tmp_path / "own.ipynb", limits, own_cells=[0])  # the grader's own
@@ -482,7 +480,6 @@ def test_a_solution_whose_checks_would_run_answers_in_the_judge_is_refused(tmp_p
 def test_every_cell_that_crashes_the_judge_is_set_aside_and_the_rest_of_the_batch_runs(tmp_path, monkeypatch):
     """A judge run ends where a cell kills or hangs its kernel; the grader replaces that cell and runs the
     batch again, as often as it takes: five such cells in one batch still leave every other cell graded."""
-    from types import SimpleNamespace
 
     from course_lib.grading import grader, running
 

@@ -24,11 +24,14 @@ def pytest_addoption(parser):
                     help="seconds each of those cells may run")
 
 
-_own_cells: set[int] = set()  # parsed once, in pytest_configure
+# The cell numbers, parsed once per pytest run and kept on that run's config (not in module state,
+# which a second run in the same process would inherit).
+OWN_CELLS = pytest.StashKey[frozenset]()
 
 
 def pytest_configure(config):
-    _own_cells.update(int(number) for number in config.option.grader_own_cells.split(",") if number.strip())
+    numbers = config.option.grader_own_cells.split(",")
+    config.stash[OWN_CELLS] = frozenset(int(number) for number in numbers if number.strip())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -36,7 +39,7 @@ def pytest_runtest_call(item):
     # nbval reads config.option.nbval_cell_timeout as it runs each cell (its runtest)
     match = re.fullmatch(r"Cell (\d+)", item.name)
     limit = item.config.option.grader_own_cell_timeout
-    if match is None or limit is None or int(match[1]) not in _own_cells:
+    if match is None or limit is None or int(match[1]) not in item.config.stash[OWN_CELLS]:
         yield
         return
     usual = item.config.option.nbval_cell_timeout
