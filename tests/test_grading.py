@@ -103,6 +103,7 @@ EXPECTED = {
     "frank": {COLLECTIVES: 0, BASICS: 0},     # collectives "notebook" is not a notebook; basics missing
     "grace": {COLLECTIVES: 1, BASICS: 0},     # visible check passes, hidden fails; endless loop ignoring SIGINT
     "mallory": {COLLECTIVES: 2, BASICS: 0},   # one right answer; tampering and killing the judge for the others
+    "trent": {COLLECTIVES: 0, BASICS: 0},     # a link to alice's notebook, a named pipe, feedback.txt a link
 }
 MAX = {COLLECTIVES: 6, BASICS: 1}
 
@@ -161,6 +162,16 @@ def make_class(folder: Path) -> None:
     write(folder, "mallory", COLLECTIVES, answered(COLLECTIVES, {
         **CORRECT, "share_from_rank0": TAMPER_CHECKS_CELL, "world_size_seen": KILL_JUDGE_CELL}))
 
+    # Links survive `cp -r` (the instructors' guide collects with it): trent hands in alice's notebook
+    # through one, and plants feedback.txt as a link to her other notebook, which writing the feedback
+    # through it would destroy. A named pipe would stop the class at the read. sybil's whole folder
+    # is a link to alice's.
+    (folder / "trent").mkdir()
+    (folder / "trent" / COLLECTIVES).symlink_to(Path("..") / "alice" / COLLECTIVES)
+    os.mkfifo(folder / "trent" / BASICS)
+    (folder / "trent" / "feedback.txt").symlink_to(folder / "alice" / BASICS)
+    (folder / "sybil").symlink_to(folder / "alice", target_is_directory=True)
+
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
@@ -180,6 +191,7 @@ def graded(tmp_path_factory):
     seconds = time.monotonic() - started
     print(proc.stdout, proc.stderr, f"graded in {seconds:.1f} s", sep="\n")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    (folder / ".grade-stderr.txt").write_text(proc.stderr)  # a file, not a folder: no student
     return folder, proc.stdout, token
 
 
@@ -277,6 +289,19 @@ def test_no_process_left_behind(graded):
         except (psutil.Error, OSError):
             continue
     assert left == []
+
+
+def test_links_and_pipes_in_a_submission_are_refused_never_followed(graded):
+    folder, _, _ = graded
+    _, grades = read_grades(folder)
+    assert "sybil" not in grades  # a linked folder is nobody's
+    assert "sybil is a symbolic link, not a student's folder: not graded" in (folder / ".grade-stderr.txt").read_text()
+    assert not (folder / "trent" / "feedback.txt").is_symlink()  # replaced by trent's own feedback
+    text = feedback(folder, "trent")
+    assert f"{COLLECTIVES} is a symbolic link, not the notebook itself" in text
+    assert f"{BASICS} is not a plain file" in text
+    # the link's target, alice's notebook, is untouched: still the notebook she handed in
+    assert nbformat.read(folder / "alice" / BASICS, as_version=4) == answered(BASICS, CORRECT)
 
 
 def test_invalid_arguments_fail_cleanly(tmp_path):

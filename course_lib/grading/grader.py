@@ -182,7 +182,11 @@ def read_class(parser: argparse.ArgumentParser, options) -> tuple[list[str], dic
         references = {name: load_reference(options.solutions / name) for name in names}
     except ValueError as exc:
         parser.error(str(exc))
-    students = sorted(p.name for p in options.submissions.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    folders = [p for p in options.submissions.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))]
+    for link in (p for p in folders if p.is_symlink()):  # another student's folder, or anyone's
+        print(f"warning: {link} is a symbolic link, not a student's folder: not graded "
+              "(collect each student's files with `cp -r`, which copies links as links)", file=sys.stderr)
+    students = sorted(p.name for p in folders if not p.is_symlink())
     if not students:
         parser.error(f"no student folders in {options.submissions}")
     return names, references, students

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,10 +145,39 @@ def load_reference(solution_path: Path) -> Reference:
 # --------------------------------------------------------------------------
 # A submission: the student's notebook and its answers
 # --------------------------------------------------------------------------
+# A notebook with its outputs is a few MB; one far larger is not a submission, and reading it whole
+# would take the grader's memory.
+SUBMISSION_BYTES = 64 * 1024 * 1024
+
+
+def read_regular_file(path: Path, limit: int = SUBMISSION_BYTES) -> bytes:
+    """The bytes of a plain file that is itself in the student's folder, or ValueError saying why not.
+
+    A symbolic link would let a student hand in a classmate's notebook (or a solution) as their own:
+    the grader runs with the rights of whoever collected the class. A named pipe would stop the
+    grading of the whole class at the read. So the file is opened without following a link and
+    without blocking, and read only if it is a plain file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if path.is_symlink():
+            raise ValueError(f"{path.name} is a symbolic link, not the notebook itself: hand in the file") from None
+        raise ValueError(f"the file cannot be opened ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path.name} is not a plain file: hand in the notebook itself")
+        if info.st_size > limit:
+            raise ValueError(f"the file is {info.st_size / 2**20:.0f} MiB, more than a notebook's "
+                             f"{limit // 2**20} MiB: clear its outputs (Edit > Clear Outputs of All Cells)")
+        return f.read(limit + 1)
+
+
 def read_submission(path: Path) -> nbformat.NotebookNode:
     """The student's notebook, or ValueError saying why it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_file(path).decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError("the file is not a notebook (not UTF-8 text)") from None
     try:

@@ -7,6 +7,9 @@ not), the score table printed at the end and grades.csv with the same rows.
 from __future__ import annotations
 
 import csv
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 from .scoring import NotebookResult
@@ -65,7 +68,21 @@ def write_feedback(submissions: Path, students: list[str], names: list[str], tab
         folder = submissions / student
         ignored = sorted(p.name for p in folder.glob("*.ipynb") if p.name not in names)
         text = feedback_text(student, [table[student, n] for n in names], ignored)
-        (folder / FEEDBACK_FILE).write_text(text, encoding="utf-8")
+        replace_file(folder / FEEDBACK_FILE, text)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write a new file and move it over ``path``: a link a student left under that name is
+    replaced, never followed (writing through it would overwrite whatever it points to)."""
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                     delete=False) as f:
+        f.write(text)
+    try:
+        os.chmod(f.name, 0o644)
+        os.replace(f.name, path)
+    except OSError as exc:
+        os.unlink(f.name)
+        print(f"warning: {path} could not be written ({exc.strerror}): is it a folder?", file=sys.stderr)
 
 
 def confinement(table: dict, student: str, names: list[str]) -> str:

@@ -42,7 +42,7 @@ class NotebookResult:
 def prepare(student: str, path: Path, reference: Reference) -> tuple[NotebookResult, dict[str, str] | None]:
     """The student's result so far, and their answers; None when there is nothing to run."""
     result = NotebookResult(student, reference.name, reference.max_points)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a link, even a broken one, is reported as a link
         result.problem = f"missing: no {reference.name} in your submission"
         return result, None
     try:
