@@ -159,6 +159,12 @@ STOPPED_BY = {
     ("04_launching_multinode", "wrong_tamper_frames__no_snapshot__script_in_options"): [
         "machine 0's options: contain a script name or its arguments",
     ],
+    # The check runs these options on the grading machine: one that writes there (torchrun's log folder) is
+    # refused before torchrun's code sees it, and so is a worker count other than the machine's, before any starts.
+    ("04_launching_multinode", "wrong_tamper_log_dir_on_the_grader"): [
+        "machine 0's options: set --log-dir, which has no part in forming the job",
+    ],
+    ("04_launching_multinode", "wrong_tamper_many_workers_where_run"): ["machine 0's options: its workers: got 64"],
     # The textbook one-pass variance, E[x^2] - E[x]^2 in float64: right without an offset, every digit lost with one.
     ("03_ddp", "wrong_fresh_optimizer__textbook_variance"): ["offset 1e+08, rank 0: global standard deviation"],
     # A run stopped mid-epoch on 2 ranks, resumed on 4 by starting the stopped epoch over (as the lesson's resume
@@ -271,6 +277,8 @@ def test_grading_rewards_right_answers_and_only_them(exercise, graded_class):
         else:
             assert score == possible, f"{student} earned {score} of {possible} in {name}:\n{feedback(student)}"
     assert "not implemented yet" in feedback("untouched")
+    if name == "04_launching_multinode":  # refused before torchrun's code made it, in the judge
+        assert not Path("/tmp/course-04-learner-chose-this-log-dir").exists()
     for (chapter, student), reasons in STOPPED_BY.items():
         if chapter == name:
             for reason in reasons:
