@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -485,6 +486,20 @@ def test_the_graders_own_cells_run_under_the_setup_timeout_and_the_students_unde
     assert outcomes[0].status == "passed", log
     assert outcomes[1].status == "failed" and "Timeout of 1 seconds" in outcomes[1].message, log
     assert outcomes[2].status == "passed", log
+
+
+def test_a_check_cell_cut_off_by_the_runs_time_limit_has_not_passed():
+    # The run is killed for time while check cell 2 runs: only its setup was reported. It earns nothing.
+    from course_lib.grading import running
+
+    def report(cell, when, outcome="passed"):
+        return json.dumps({"name": f"Cell {cell}", "when": when, "outcome": outcome, "xfail": False, "message": ""})
+
+    lines = [report(0, "setup"), report(0, "call"), report(0, "teardown"),
+             report(1, "setup"), report(1, "call", "failed"), report(1, "teardown"),
+             report(2, "setup")]
+    outcomes = running.read_verdicts(lines)
+    assert [outcomes[n].status for n in (0, 1, 2)] == ["passed", "failed", "missing"]
 
 
 def test_a_solution_whose_checks_would_run_answers_in_the_judge_is_refused(tmp_path):

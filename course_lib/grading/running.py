@@ -118,7 +118,9 @@ def read_verdicts(lines: list[str]) -> dict[int, CellOutcome]:
         if not match:
             continue
         number = int(match[1])
-        outcome = outcomes.setdefault(number, CellOutcome("passed"))
+        # A cell passes only on its call's report: a run stopped for time mid-cell has sent only the
+        # setup's, and that cell did not pass (it is "missing", as a cell never reached).
+        outcome = outcomes.setdefault(number, CellOutcome("missing"))
         message = ANSI.sub("", str(entry.get("message") or ""))
         if entry.get("when") == "teardown":
             continue
@@ -126,6 +128,8 @@ def read_verdicts(lines: list[str]) -> dict[int, CellOutcome]:
             outcome.status, outcome.message = "failed", message
         elif entry.get("outcome") == "skipped":
             outcome.status = "xfailed" if entry.get("xfail") else "skipped"
+        elif entry.get("when") == "call" and outcome.status == "missing":
+            outcome.status = "passed"
     return outcomes
 
 
