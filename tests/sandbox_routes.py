@@ -136,6 +136,13 @@ def huge_result():
 outcome("huge_result", learner.call, huge_result, timeout=60)
 
 
+def expanded_result():
+    return torch.zeros(1).expand(1 << 34)  # 4 bytes of data claiming 64 GiB: a check's torch.cat would allocate them
+
+
+outcome("expanded_result", learner.call, expanded_result, timeout=60)
+
+
 def sends_to_dev_null_and_shrinks_its_output(n):
     # The tensor's bytes "sent" without a peer: written to /dev/null, and stdout grown by ftruncate
     # (which once lowered what the launcher subtracted for the output files).

@@ -65,6 +65,11 @@ def test_a_huge_result_is_refused_before_the_judge_reads_it(routes):
     assert routes["huge_result"]["message"].startswith("rank 0 failed with ResultTooLarge")
 
 
+def test_a_view_claiming_more_than_a_check_accepts_is_refused_as_it_arrives(routes):
+    assert routes["expanded_result"]["message"].startswith("rank 0 failed with ResultTooLarge"), routes["expanded_result"]
+    assert "claim 65536 MiB" in routes["expanded_result"]["message"]
+
+
 def test_bytes_written_to_dev_null_are_not_bytes_sent(routes):
     assert routes["dev_null"]["error"] == "MeasurementRefused", routes["dev_null"]
     assert "/dev/null" in routes["dev_null"]["message"]

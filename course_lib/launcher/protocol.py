@@ -175,13 +175,40 @@ def _serialise_call(fn, args, kwargs) -> bytes:
         ) from None
 
 
-def _load_data(payload: bytes, rank: int, world_size: int):
+def _load_data(payload: bytes, rank: int, world_size: int, limit: int):
     """A judged rank's result: plain data only (tensors, numbers, strings, containers).
     The rank wrote it with torch.save (worker._data_payload)."""
     import torch
 
     try:
-        return torch.load(io.BytesIO(payload), weights_only=True)
+        result = torch.load(io.BytesIO(payload), weights_only=True)
     except Exception:  # noqa: BLE001 - anything that is not plain data
         raise UnsendableResult(rank, "TypeError", "the result is not plain data (tensors, numbers, strings, "
                                "and lists/tuples/dicts of them)", "", world_size) from None
+    claimed = _claimed_bytes(result)
+    if claimed > limit:
+        # A view that repeats a little storage (expand: stride 0) arrives small and claims any size:
+        # a check that copies it (torch.cat, .clone()) would allocate all of it in the judge.
+        raise UnsendableResult(rank, "ResultTooLarge", f"the result's tensors claim {claimed / 2**20:.0f} MiB "
+                               f"(more than the {limit / 2**20:g} MiB a check accepts) in {len(payload) / 2**20:.1f} "
+                               "MiB of data: views that repeat their elements", "", world_size)
+    return result
+
+
+def _claimed_bytes(result) -> int:
+    """The bytes the result's tensors claim by their shapes (numel x element size), each tensor once."""
+    import torch
+
+    claimed, seen, todo = 0, set(), [result]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            claimed += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            todo += list(item.keys()) + list(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            todo += list(item)
+    return claimed

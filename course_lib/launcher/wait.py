@@ -189,7 +189,7 @@ class _Inbox:
         self.entered.add(rank)
         if self.judged:
             self.meter.payload_bytes[rank] = len(payload)
-            self.results[rank] = _load_data(payload, rank, self.world_size)
+            self.results[rank] = _load_data(payload, rank, self.world_size, self.max_result_bytes)
         else:
             self.results[rank] = cloudpickle.loads(payload)
         self.pending.discard(rank)

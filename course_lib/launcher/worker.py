@@ -123,6 +123,13 @@ def _call_user_function(fn, args, kwargs):
 
 def _send_result(spec: _WorkerSpec, result_conn, result) -> None:
     """fn's result to the parent: cloudpickle for lessons, torch.save data when judged."""
+    if spec.judged is not None and _tensor_bytes(result) > spec.judged.max_result_bytes:
+        # Refused at once: copying hundreds of MiB into torch.save's buffer takes seconds on a busy
+        # machine, and the parent refuses the result anyway once it reads past its limit.
+        limit = f"{spec.judged.max_result_bytes / 2**20:g} MiB"
+        _report(result_conn, (_RESULT_ERROR, "ResultTooLarge", f"the rank's result is larger than the {limit} "
+                              "a check accepts", []))
+        os._exit(1)
     try:
         payload = _data_payload(result) if spec.judged is not None else _dumps(result)
     except Exception as exc:  # noqa: BLE001
@@ -133,6 +140,27 @@ def _send_result(spec: _WorkerSpec, result_conn, result) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     _report(result_conn, (_RESULT_OK,), payload)
+
+
+def _tensor_bytes(result) -> int:
+    """The bytes of the tensors' storages in a result (each storage once), as torch.save writes them."""
+    import torch
+
+    storages, seen, todo = {}, set(), [result]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            with contextlib.suppress(Exception):  # a tensor without storage (meta, sparse) counts nothing
+                storage = item.untyped_storage()
+                storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
+        elif isinstance(item, dict):
+            todo += list(item.keys()) + list(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            todo += list(item)
+    return sum(storages.values())
 
 
 def _data_payload(result) -> bytes:
