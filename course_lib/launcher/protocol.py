@@ -196,19 +196,24 @@ def _load_data(payload: bytes, rank: int, world_size: int, limit: int):
 
 
 def _claimed_bytes(result) -> int:
-    """The bytes the result's tensors claim by their shapes (numel x element size), each tensor once."""
+    """The bytes the result's tensors claim by their shapes (numel x element size)."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors_in(result))
+
+
+def tensors_in(result) -> list:
+    """Every tensor in a result of plain data (nested lists, tuples, sets, dict keys and values), each once."""
     import torch
 
-    claimed, seen, todo = 0, set(), [result]
+    found, seen, todo = [], set(), [result]
     while todo:
         item = todo.pop()
         if id(item) in seen:
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
-            claimed += item.numel() * item.element_size()
+            found.append(item)
         elif isinstance(item, dict):
             todo += list(item.keys()) + list(item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
             todo += list(item)
-    return claimed
+    return found

@@ -32,7 +32,7 @@ from .devices import _SEES_ALL_GPUS_VARIABLE, rank_gpu
 from .live import _PROGRESS_FILE_VARIABLE
 from .measuring import _resident_bytes
 from .protocol import (_RESULT_BASELINE, _RESULT_ERROR, _RESULT_OK, _RESULT_STARTED, _RESULT_UNSENDABLE,
-                       _STACK_SIGNAL, _dumps, _fd_of, _report, _WorkerSpec)
+                       _STACK_SIGNAL, _dumps, _fd_of, _report, _WorkerSpec, tensors_in)
 
 # A rank's traceback starts at the learner's code: the frames of this package are left out.
 _PACKAGE_FOLDER = os.path.dirname(__file__)
@@ -144,22 +144,11 @@ def _send_result(spec: _WorkerSpec, result_conn, result) -> None:
 
 def _tensor_bytes(result) -> int:
     """The bytes of the tensors' storages in a result (each storage once), as torch.save writes them."""
-    import torch
-
-    storages, seen, todo = {}, set(), [result]
-    while todo:
-        item = todo.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, torch.Tensor):
-            with contextlib.suppress(Exception):  # a tensor without storage (meta, sparse) counts nothing
-                storage = item.untyped_storage()
-                storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
-        elif isinstance(item, dict):
-            todo += list(item.keys()) + list(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            todo += list(item)
+    storages = {}
+    for tensor in tensors_in(result):
+        with contextlib.suppress(Exception):  # a tensor without storage (meta, sparse) counts nothing
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
     return sum(storages.values())
 
 
