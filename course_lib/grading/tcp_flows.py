@@ -11,9 +11,10 @@ gloo's built-in all-gather, for example, sends each rank's tensor along a ring (
 every rank to one neighbour, with 4 ranks) where 4 broadcasts send 0, 1 or 2 tensors over every
 pair: the same total, another matrix.
 
-Connections closed before the count are gone from it; in a sandbox the judge compares the sum
-with what the sandbox's loopback carried (course_lib.launcher.measuring), so bytes cannot leave
-through a connection that closes in time.
+What this cannot see: a connection closed before the count is gone from it, and a socket held by
+a process that is not a rank (a helper a rank forked) belongs to no rank. The judge compares what
+the ranks wrote with what the sandbox's loopback carried (course_lib.launcher.measuring), not yet
+these pairs' sum, so bytes sent those ways are not counted.
 """
 
 from __future__ import annotations
