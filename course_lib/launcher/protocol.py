@@ -195,6 +195,11 @@ def _load_data(payload: bytes, rank: int, world_size: int, limit: int):
     return result
 
 
+def too_large(limit: int) -> str:
+    """Why a judged result was refused: the one message, whichever side refuses it."""
+    return f"the rank's result is larger than the {limit / 2**20:g} MiB a check accepts"
+
+
 def _claimed_bytes(result) -> int:
     """The bytes the result's tensors claim by their shapes (numel x element size)."""
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors_in(result))

@@ -30,7 +30,8 @@ import cloudpickle
 from .errors import UnsendableResult, WorkerError
 from .failures import _gather_failure
 from .measuring import _MEMORY_SAMPLE_SECONDS, _Meter
-from .protocol import _RESULT_BASELINE, _RESULT_ERROR, _RESULT_STARTED, _RESULT_UNSENDABLE, _load_data, _read_header
+from .protocol import (_RESULT_BASELINE, _RESULT_ERROR, _RESULT_STARTED, _RESULT_UNSENDABLE, _load_data,
+                       _read_header, too_large)
 from .reports import WorkerTimeout, _collect_stacks, _format_traceback
 
 # A timeout stretches (by the ranks' wait for a CPU) to at most this many times itself.
@@ -183,9 +184,7 @@ class _Inbox:
         try:
             payload = self.conns[rank].recv_bytes(self.max_result_bytes)
         except OSError:  # longer than max_result_bytes: the pipe is not read further
-            limit = f"{self.max_result_bytes / 2**20:g} MiB"
-            raise WorkerError(rank, "ResultTooLarge", f"the rank's result is larger than the {limit} a check "
-                              "accepts", "", self.world_size) from None
+            raise WorkerError(rank, "ResultTooLarge", too_large(self.max_result_bytes), "", self.world_size) from None
         self.entered.add(rank)
         if self.judged:
             self.meter.payload_bytes[rank] = len(payload)

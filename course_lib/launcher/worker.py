@@ -32,7 +32,8 @@ from .devices import _SEES_ALL_GPUS_VARIABLE, rank_gpu
 from .live import _PROGRESS_FILE_VARIABLE
 from .measuring import _resident_bytes
 from .protocol import (_RESULT_BASELINE, _RESULT_ERROR, _RESULT_OK, _RESULT_STARTED, _RESULT_UNSENDABLE,
-                       _STACK_SIGNAL, _dumps, _fd_of, _report, _WorkerSpec, tensors_in)
+                       _STACK_SIGNAL, _dumps, _fd_of, _report, _WorkerSpec, tensors_in,
+                       too_large)
 
 # A rank's traceback starts at the learner's code: the frames of this package are left out.
 _PACKAGE_FOLDER = os.path.dirname(__file__)
@@ -126,9 +127,7 @@ def _send_result(spec: _WorkerSpec, result_conn, result) -> None:
     if spec.judged is not None and _tensor_bytes(result) > spec.judged.max_result_bytes:
         # Refused at once: copying hundreds of MiB into torch.save's buffer takes seconds on a busy
         # machine, and the parent refuses the result anyway once it reads past its limit.
-        limit = f"{spec.judged.max_result_bytes / 2**20:g} MiB"
-        _report(result_conn, (_RESULT_ERROR, "ResultTooLarge", f"the rank's result is larger than the {limit} "
-                              "a check accepts", []))
+        _report(result_conn, (_RESULT_ERROR, "ResultTooLarge", too_large(spec.judged.max_result_bytes), []))
         os._exit(1)
     try:
         payload = _data_payload(result) if spec.judged is not None else _dumps(result)
