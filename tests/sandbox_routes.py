@@ -225,6 +225,29 @@ outcome("hidden_all_gather_flows", learner.launch, all_gather_hidden_from_the_ra
 outcome("reference_broadcast_flows", learner.reference_flows, broadcasts_from_every_rank, 4, FLOW_INPUTS)
 
 
+def sends_through_a_helper(n):
+    # Rank 0's bytes reach rank 1 from a process it starts: no connection of rank 0 carries them.
+    import subprocess
+
+    port = torch.tensor([0])
+    if dist.get_rank() == 1:
+        server = socket.create_server(("127.0.0.1", 0))
+        port[0] = server.getsockname()[1]
+    dist.broadcast(port, src=1)
+    if dist.get_rank() == 0:
+        subprocess.run([sys.executable, "-c", "import socket, sys; socket.create_connection(('127.0.0.1', "
+                        f"{int(port)})).sendall(bytes({n}))"], check=True, timeout=30)
+        return 0
+    connection, _ = server.accept()
+    got = 0
+    while got < n:
+        got += len(connection.recv(1 << 20))
+    return got
+
+
+outcome("through_a_helper", learner.launch, sends_through_a_helper, 2, args=(4 << 20,), measure=True)
+
+
 def rank_inputs(mine):
     # Walk up every frame: only this rank's own tensor is anywhere in the process.
     seen = []
@@ -340,8 +363,42 @@ processes_before = len(box.processes_inside())
 reused = learner.empty_sandbox()
 outcomes["emptied"] = {"reused": reused, "same_sandbox": learner.sandbox() is box,
                        "processes_before": processes_before, "processes_after": len(box.processes_inside()),
-                       "left_in_writable_folders": sorted(str(p) for folder in box.writable for p in folder.rglob("*")
-                                                          if p not in box._mount_points_in_writable_folders())}
+                       "left_in_writable_folders": sorted(str(p) for folder in box._writable_folders()
+                                                          for p in box.left_in(folder))}
 outcome("after_emptying", learner.call, finds_what_was_left, left)
+learner.end_sandbox()
+
+
+# ---- what the learner side may keep in its own folders (/tmp holds every rank's), with small limits
+box = learner.sandbox()
+box.tmpfs_bytes, box.tmpfs_files = 64 << 20, 2000  # before its first launch: the sizes bwrap is given
+
+
+def fills_its_folder(chunk):
+    written, error = 0, None
+    try:
+        for part in range(1000):
+            with open(f"part-{part}", "wb") as f:
+                for _ in range(8):
+                    f.write(b"\0" * chunk)
+                    written += chunk
+    except OSError as exc:
+        error = exc.strerror
+    return {"written": written, "error": error, "folder": os.getcwd()}
+
+
+outcome("fills_its_folder", learner.call, fills_its_folder, 4 << 20)
+outcomes["on_the_hosts_disk"] = sum(os.lstat(os.path.join(root, name)).st_size
+                                    for root, _, names in os.walk(box.folder) for name in names)
+
+
+def makes_many_files(n):
+    for i in range(n):
+        open(f"empty-{i}", "w").close()
+    time.sleep(20)  # the judge's watchdog ends the sandbox meanwhile
+    return n
+
+
+outcome("many_files", learner.call, makes_many_files, 20_000, timeout=60)
 learner.end_sandbox()
 print("ALL " + json.dumps(outcomes, default=str), flush=True)

@@ -247,3 +247,35 @@ def test_a_sandbox_emptied_for_the_next_submission_holds_nothing_of_the_last(rou
     assert emptied["left_in_writable_folders"] == [], emptied
     found = routes["after_emptying"]["value"]
     assert all(said.startswith("refused: No such file") for said in found.values()), found
+
+
+def test_what_the_learner_side_keeps_is_held_to_the_limits_in_memory_not_on_the_hosts_disk(routes):
+    """/tmp (every rank's own folder) is a tmpfs of the sandbox's own: a submission cannot fill the host's
+    disk, and one that makes too many files is ended (here with limits of 64 MiB and 2,000 files)."""
+    filled = routes["fills_its_folder"]["value"]
+    assert filled["error"] == "No space left on device" and 56 << 20 <= filled["written"] <= 64 << 20, filled
+    assert filled["folder"].startswith("/tmp/rank-"), filled
+    assert routes["on_the_hosts_disk"] < 1 << 20, routes["on_the_hosts_disk"]
+    many = routes["many_files"]
+    assert not many["ok"] and "files (" in many["message"] and "more than the 2000 files" in many["message"], many
+
+
+def test_bytes_a_helper_process_carries_are_not_hidden_from_the_byte_rules(routes):
+    """Rank 0 sends 4 MiB to rank 1 from a process it started: the ranks' own connections carried almost
+    nothing, so the per-pair counts would say rank 0 sent nothing; the loopback's count gives it away."""
+    helper = routes["through_a_helper"]
+    assert helper["error"] == "MeasurementRefused", helper
+    assert "went through a process that is not a rank" in helper["message"], helper
+
+
+def test_no_folder_holding_the_sandboxes_is_shown_to_a_submission(monkeypatch):
+    """A judge started from a script in /tmp has /tmp on its path; bound into a sandbox, it would show
+    the scratch folders of the submissions graded beside it."""
+    import tempfile
+
+    from course_lib.grading import sandbox
+
+    monkeypatch.setattr(sys, "path", [*sys.path, tempfile.gettempdir(), "/", os.path.dirname(tempfile.gettempdir())])
+    shown = sandbox._read_only_paths()
+    assert not [path for path in shown if (os.path.realpath(tempfile.gettempdir()) + "/").startswith(path.rstrip("/") + "/")]
+    assert sys.prefix in shown

@@ -12,11 +12,14 @@ confines its applications with). Inside:
 * its own **network namespace**: a loopback of its own where the ranks talk; the judge's
   kernel, other submissions' ranks and every port of the host are out of reach;
 * its own **mount namespace**: the Python environment and ``course_lib`` read-only, a private
-  ``/tmp`` and a scratch folder, and nothing else: no solutions, no other submission, no
+  ``/tmp`` and ``/dev/shm`` (each a tmpfs of its own, in memory, that no other process of the
+  machine sees) and a scratch folder, and nothing else: no solutions, no other submission, no
   grades, no notebook holding hidden tests, no connection file of a kernel;
 * **limits**: processes (a cgroup's ``pids.max`` when the grader is root, else
   ``RLIMIT_NPROC``, which the kernel does not enforce for root), memory (the cgroup's limit, or a
-  watchdog in the judge that ends the sandbox), CPU seconds and file size per process;
+  watchdog in the judge that ends the sandbox), CPU seconds and file size per process, and what its
+  ``/tmp`` and ``/dev/shm`` hold (bytes: the tmpfs's size; files: the watchdog). Nothing the
+  learner side writes reaches the host's disk (the ranks write only below ``/tmp``: apart.py);
 * inside it, **each rank apart** from the others and from the launch server (course_lib.grading.apart:
   a Landlock domain of its own and a seccomp filter): what one rank knows reaches another only over TCP.
 
@@ -66,6 +69,10 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubble
 MEMORY_LIMIT_BYTES = 8 << 30  # a whole submission's processes together (chapter 11: 8 ranks of ~350 MB)
 PROCESS_LIMIT = 1024  # tasks: threads count too (a rank runs a dozen or more)
 FILE_SIZE_LIMIT_BYTES = 1 << 30
+# What the sandbox's /tmp (every rank's own folder) and /dev/shm may each hold: bytes and files.
+# The chapters' solutions keep a few MB there at most (a profiler's trace, a checkpoint).
+TMPFS_LIMIT_BYTES = 2 << 30
+TMPFS_LIMIT_FILES = 100_000
 CPU_SECONDS_LIMIT = 3600
 _REPO = Path(__file__).resolve().parents[2]
 _COURSE_LIB = _REPO / "course_lib"
@@ -242,10 +249,14 @@ def _read_only_paths() -> list[str]:
     paths = {"/usr", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
              "/etc/localtime", "/etc/alternatives", "/sys",
              sys.base_prefix, sys.prefix, str(_COURSE_LIB)}
+    # Never a folder that holds the sandboxes' own (a judge started from a script in /tmp has /tmp on
+    # its path): a submission would see the scratch folders of the others being graded beside it.
+    sandboxes = os.path.realpath(tempfile.gettempdir())
     for entry in sys.path:  # site-packages and the like; nothing of the course's folder but course_lib
         if entry and os.path.isabs(entry) and os.path.isdir(entry):
             inside_repo = entry == repo or entry.startswith(repo + os.sep)
-            if not inside_repo or entry.startswith(sys.prefix + os.sep):
+            holds_sandboxes = (sandboxes + os.sep).startswith(os.path.realpath(entry).rstrip(os.sep) + os.sep)
+            if (not inside_repo or entry.startswith(sys.prefix + os.sep)) and not holds_sandboxes:
                 paths.add(entry)
     return sorted(path for path in paths if os.path.exists(path))
 
@@ -273,9 +284,10 @@ class Sandbox:
         self.folder = Path(tempfile.mkdtemp(prefix=_name_prefix()))
         self.scratch = self.folder / "scratch"
         self.errors = self.folder / "errors.log"  # outside only: what bwrap and the launch server print
-        self.writable = {self.scratch: str(self.scratch), self.folder / "tmp": "/tmp", self.folder / "shm": "/dev/shm"}
-        for outside in self.writable:
-            outside.mkdir()
+        self.scratch.mkdir()
+        self.private_folders = ("/tmp", "/dev/shm")  # tmpfs mounts inside: read from outside with view_of()
+        self.tmpfs_bytes, self.tmpfs_files = TMPFS_LIMIT_BYTES, TMPFS_LIMIT_FILES
+        self.init_pid: int | None = None  # the sandbox's init (pid 1 inside), outside
         self.cgroups = _Cgroups(_cgroup_roots(), memory_bytes, processes) if os.geteuid() == 0 else None
         self.pid: int | None = None  # bwrap's pid, outside
         self.server = None  # the launch server inside (a multiprocessing ForkServer), while it runs
@@ -298,9 +310,10 @@ class Sandbox:
             elif path.is_dir():
                 args += ["--ro-bind", str(path), str(path)]
         # /tmp and /dev/shm first: a read-only path below /tmp (a course cloned there) goes on top.
-        for outside, inside in self.writable.items():
-            if inside in ("/tmp", "/dev/shm"):
-                args += ["--bind", str(outside), inside]
+        # A tmpfs of a given size needs bwrap 0.8 (--size); an older one makes it as large as the
+        # kernel's default (half the memory) and the watchdog alone holds it to the limit.
+        for inside in self.private_folders:
+            args += (["--size", str(self.tmpfs_bytes)] if _bwrap_sizes_tmpfs() else []) + ["--tmpfs", inside]
         for path in _without_nested(_read_only_paths()):
             args += ["--ro-bind", path, path]
         for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU grader: the ranks see the GPUs
@@ -373,7 +386,9 @@ class Sandbox:
         could not be made (it is started without waiting)."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if 2 in self._inside_pids().values():
+            inside = self._inside_pids()
+            if 2 in inside.values():
+                self.init_pid = next(outside for outside, number in inside.items() if number == 1)
                 return
             if _has_exited(pid):
                 break  # bwrap exited: the sandbox could not be made
@@ -486,17 +501,36 @@ class Sandbox:
             self._diag = diag_socket(netns_of_pid=init[0])
         return self._diag
 
+    def view_of(self, inside: str) -> Path:
+        """Where the judge, outside, reaches the sandbox's own folder ``inside`` (/tmp, /dev/shm: mounts
+        that only the sandbox's mount namespace has). Read it without following links: a link's
+        absolute target would resolve against the judge's root, not the sandbox's."""
+        if self.init_pid is None:
+            raise LookupError("the sandbox has not started")
+        return Path(f"/proc/{self.init_pid}/root") / inside.lstrip("/")
+
+    def _writable_folders(self) -> list[Path]:
+        """Every folder the learner side can write to, as the judge reaches it."""
+        return [self.scratch] + [self.view_of(inside) for inside in self.private_folders]
+
     def bytes_in_files_since(self, since: float) -> int:
         """Bytes in the files of the sandbox's writable folders written since ``since`` (time.time())."""
         total = 0
-        for outside in self.writable:
-            for root, _, names in os.walk(outside):
-                for name in names:
-                    with contextlib.suppress(OSError):
-                        stat = os.lstat(os.path.join(root, name))
-                        if stat.st_mtime >= since - 1 and not os.path.islink(os.path.join(root, name)):
-                            total += stat.st_size
+        for folder in self._writable_folders():
+            for path, stat in _files_on_its_own_device(folder):
+                if stat.st_mtime >= since - 1:
+                    total += stat.st_size
         return total
+
+    def tmpfs_usage(self) -> dict[str, tuple[int, int]]:
+        """(bytes, files) that each of the sandbox's own folders (/tmp, /dev/shm) holds now: the tmpfs's
+        own counts, read at once however many files there are."""
+        usage = {}
+        for inside in self.private_folders:
+            with contextlib.suppress(OSError, LookupError):
+                stat = os.statvfs(self.view_of(inside))
+                usage[inside] = ((stat.f_blocks - stat.f_bfree) * stat.f_frsize, stat.f_files - stat.f_ffree)
+        return usage
 
     def resident_bytes(self) -> dict[int, int]:
         """Resident memory of each process in the sandbox now (pid outside -> bytes)."""
@@ -520,8 +554,14 @@ class Sandbox:
         return total
 
     def _watch(self) -> None:
-        """Without a cgroup (an ordinary user), the judge enforces the memory limit itself."""
+        """Without a cgroup (an ordinary user), the judge enforces the memory limit itself; and, always,
+        how many files (and, with an older bwrap, bytes) the sandbox's own folders hold."""
         while not self.closed and self.pid is not None:
+            for inside, (used, files) in self.tmpfs_usage().items():
+                if files > self.tmpfs_files or used > self.tmpfs_bytes:
+                    self.end(f"it kept {files} files ({used / 2**20:.0f} MiB) in {inside}, more than the "
+                             f"{self.tmpfs_files} files ({self.tmpfs_bytes / 2**20:.0f} MiB) a submission may")
+                    return
             if self.cgroups is None:
                 total = sum(self.resident_bytes().values())
                 if total > self.memory_bytes:
@@ -580,26 +620,29 @@ class Sandbox:
             time.sleep(0.01)
         else:
             return False  # processes that outlive every kill: end the sandbox instead
-        mount_points = self._mount_points_in_writable_folders()
-        for outside in self.writable:
-            _empty_folder(outside, mount_points)
-            if any(path not in mount_points for path in outside.rglob("*")):
+        for folder in self._writable_folders():
+            _empty_folder(folder)
+            if self.left_in(folder):
                 return False
         self.rank_pids.clear()
         return True
 
-    def _mount_points_in_writable_folders(self) -> set[Path]:
-        """Where, outside, bwrap made the mount points of folders bound below a writable one (the scratch
-        folder, a course cloned below /tmp): those directories, and the ones leading to them, must stay."""
-        kept = set()
-        for outside, inside in self.writable.items():
-            for bound in [self.scratch, *map(Path, _read_only_paths())]:
-                if bound != outside and str(bound).startswith(inside.rstrip("/") + "/"):
-                    path = outside / Path(str(bound)[len(inside.rstrip("/")) + 1:])
-                    while path != outside:
-                        kept.add(path)
-                        path = path.parent
-        return kept
+    def left_in(self, folder: Path) -> list[Path]:
+        """What is in ``folder`` (one reached from outside) besides the mount points bwrap made below it
+        (the scratch folder, a course cloned below /tmp) and the directories on the way to them."""
+        device = os.lstat(folder).st_dev
+        left = []
+        for entry in folder.iterdir():
+            stat = os.lstat(entry)
+            if stat.st_dev != device:
+                continue  # a mount point: not the learner's
+            if entry.is_dir() and not entry.is_symlink():
+                inner = self.left_in(entry)
+                if inner or not _holds_a_mount_point(entry, device):
+                    left += inner or [entry]
+            else:
+                left.append(entry)
+        return left
 
     def close(self) -> None:
         self.closed = True
@@ -609,16 +652,59 @@ class Sandbox:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _empty_folder(folder: Path, keep: set[Path]) -> None:
-    """Remove everything in ``folder`` but the directories in ``keep`` (whose other contents go)."""
+def _empty_folder(folder: Path) -> None:
+    """Remove everything in ``folder`` that is on its own device: a mount point below it (another device)
+    stays, and so do the directories on the way to one (their other contents go). Never follows a link."""
+    device = os.lstat(folder).st_dev
     for entry in list(folder.iterdir()):
-        if entry in keep and entry.is_dir() and not entry.is_symlink():
-            _empty_folder(entry, keep)
-        elif entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            stat = os.lstat(entry)
+            if stat.st_dev != device:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                if _holds_a_mount_point(entry, device):
+                    _empty_folder(entry)
+                else:
+                    shutil.rmtree(entry, ignore_errors=True)
+            else:
                 entry.unlink()
+
+
+def _holds_a_mount_point(folder: Path, device: int) -> bool:
+    """Whether a directory below ``folder`` (itself on ``device``) is on another device: a mount point."""
+    for root, dirs, _ in os.walk(folder):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                if os.lstat(os.path.join(root, name)).st_dev != device:
+                    return True
+        dirs[:] = [name for name in dirs if not os.path.islink(os.path.join(root, name))]
+    return False
+
+
+def _files_on_its_own_device(folder: Path):
+    """(path, lstat) of every file below ``folder`` on its device: no link followed, no mount point entered."""
+    with contextlib.suppress(OSError):
+        device = os.lstat(folder).st_dev
+        for root, dirs, names in os.walk(folder):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    stat = os.lstat(os.path.join(root, name))
+                    if stat.st_dev == device and not os.path.islink(os.path.join(root, name)):
+                        yield os.path.join(root, name), stat
+            kept = []
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    stat = os.lstat(os.path.join(root, name))
+                    if stat.st_dev == device and not os.path.islink(os.path.join(root, name)):
+                        kept.append(name)
+            dirs[:] = kept
+
+
+@functools.lru_cache(maxsize=None)
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this bwrap sets a tmpfs's size (--size, bubblewrap 0.8 and later)."""
+    run = subprocess.run([_bwrap(), "--help"], capture_output=True, text=True, timeout=30)
+    return "--size" in run.stdout + run.stderr
 
 
 def _alive(pid: int) -> bool:

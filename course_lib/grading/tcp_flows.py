@@ -12,9 +12,10 @@ every rank to one neighbour, with 4 ranks) where 4 broadcasts send 0, 1 or 2 ten
 pair: the same total, another matrix.
 
 What this cannot see: a connection closed before the count is gone from it, and a socket held by
-a process that is not a rank (a helper a rank forked) belongs to no rank. The judge compares what
-the ranks wrote with what the sandbox's loopback carried (course_lib.launcher.measuring), not yet
-these pairs' sum, so bytes sent those ways are not counted.
+a process that is not a rank (a helper a rank forked) belongs to no rank. So the judge also adds up
+what the ranks' sockets put on the wire (``on_the_wire``, retransmissions included) and compares it
+with what the sandbox's loopback carried (course_lib.launcher.measuring): bytes sent those ways
+show up as the difference, and the measurement is refused.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_INFO = 2
 _TCP_INFO_BYTES_RECEIVED = 128  # struct tcp_info: u64 tcpi_bytes_received (Linux 4.1 on)
+_TCP_INFO_BYTES_SENT = 200  # u64 tcpi_bytes_sent, retransmitted bytes included (Linux 4.19 on)
 _NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _REQUEST = struct.Struct("=BBBBI")  # inet_diag_req_v2 without its socket id: family, protocol, ext, pad, states
 _SOCKET_ID_BYTES = 48  # inet_diag_sockid: ports, two 16-byte addresses, interface, cookie
@@ -44,12 +46,14 @@ _MESSAGE_TAIL = struct.Struct("=IIIII")  # expires, receive queue, send queue, u
 
 @dataclass(frozen=True)
 class Connection:
-    """One TCP socket: its two ends as (address, port), and the bytes it has received so far."""
+    """One TCP socket: its two ends as (address, port), the bytes it has received so far, and those it
+    has sent, each retransmission again (None where the kernel does not say)."""
 
     inode: int
     local: tuple[str, int]
     remote: tuple[str, int]
     received: int
+    sent: int | None = None
 
 
 def diag_socket(netns_of_pid: int | None = None) -> socket.socket:
@@ -129,7 +133,7 @@ def _connection(message: bytes, family: int) -> Connection:
     remote = socket.inet_ntop(family, socket_id[20:20 + size])
     tail = _MESSAGE.size + _SOCKET_ID_BYTES
     inode = _MESSAGE_TAIL.unpack_from(message, tail)[4]
-    received = 0
+    received, sent = 0, None
     offset = tail + _MESSAGE_TAIL.size
     while offset + 4 <= len(message):  # the attributes: (length, type, value), each 4-byte aligned
         length, kind = struct.unpack_from("=HH", message, offset)
@@ -137,8 +141,10 @@ def _connection(message: bytes, family: int) -> Connection:
             break
         if kind == INET_DIAG_INFO and length - 4 >= _TCP_INFO_BYTES_RECEIVED + 8:
             received = struct.unpack_from("=Q", message, offset + 4 + _TCP_INFO_BYTES_RECEIVED)[0]
+        if kind == INET_DIAG_INFO and length - 4 >= _TCP_INFO_BYTES_SENT + 8:
+            sent = struct.unpack_from("=Q", message, offset + 4 + _TCP_INFO_BYTES_SENT)[0]
         offset += (length + 3) & ~3
-    return Connection(inode, (local, local_port), (remote, remote_port), received)
+    return Connection(inode, (local, local_port), (remote, remote_port), received, sent)
 
 
 def socket_inodes(pid: int) -> set[int]:
@@ -153,20 +159,26 @@ def socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
-def rank_flows(diag: socket.socket, rank_pids: list[int]) -> tuple[list[list[int]], list[int]]:
-    """(sent, to_others): ``sent[i][j]``, the bytes that arrived at rank j's end of a TCP connection
-    whose other end rank i holds; ``to_others[i]``, the bytes that arrived at ends held by no rank
-    (a helper process, a server of its own) from rank i."""
+def rank_flows(diag: socket.socket, rank_pids: list[int]) -> tuple[list[list[int]], list[int], list[int] | None]:
+    """(sent, to_others, on_the_wire): ``sent[i][j]``, the bytes that arrived at rank j's end of a TCP
+    connection whose other end rank i holds; ``to_others[i]``, the bytes that arrived at ends held by
+    no rank (a helper process, a server of its own) from rank i; ``on_the_wire[i]``, every byte rank
+    i's open sockets sent, retransmissions included (None where the kernel does not count them)."""
     world_size = len(rank_pids)
     owner = {inode: rank for rank, pid in enumerate(rank_pids) for inode in socket_inodes(pid)}
     connections = tcp_connections(diag)
     by_ends = {(c.local, c.remote): c for c in connections.values()}
     sent = [[0] * world_size for _ in range(world_size)]
     to_others = [0] * world_size
+    on_the_wire: list[int] | None = [0] * world_size
     for connection in connections.values():
         sender = owner.get(connection.inode)
         if sender is None:
             continue
+        if connection.sent is None:
+            on_the_wire = None
+        elif on_the_wire is not None:
+            on_the_wire[sender] += connection.sent
         peer = by_ends.get((connection.remote, connection.local))
         receiver = owner.get(peer.inode) if peer is not None else None
         arrived = peer.received if peer is not None else 0
@@ -174,4 +186,4 @@ def rank_flows(diag: socket.socket, rank_pids: list[int]) -> tuple[list[list[int
             to_others[sender] += arrived
         else:
             sent[sender][receiver] += arrived
-    return sent, to_others
+    return sent, to_others, on_the_wire

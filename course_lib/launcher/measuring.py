@@ -50,6 +50,7 @@ class _Meter:
         self.payload_bytes = {}
         self.sampled_rss = [0] * len(procs)  # the most resident memory seen from outside
         self.helper_peak = 0  # sandbox: the most memory that processes other than the ranks held at once
+        self.carried_at_least = None  # sandbox: the fewest bytes of data the loopback can have carried
         self._helpers_sampled = 0.0
 
     def note_baseline(self, rank, written, resident) -> None:
@@ -88,11 +89,28 @@ class _Meter:
             for measured in measurements:  # a total, the same for every rank
                 measured["network_bytes"] = network
         if self.counts_bytes:
-            self._add_rank_flows(measurements)
+            on_the_wire = self._add_rank_flows(measurements)
+            if on_the_wire is not None and self.carried_at_least is not None:
+                self._check_every_byte_was_a_ranks(sum(on_the_wire))
         return measurements
 
-    def _add_rank_flows(self, measurements) -> None:
-        sent, to_others = self._rank_flows()
+    def _check_every_byte_was_a_ranks(self, sent_by_ranks: int) -> None:
+        """What the ranks' open sockets sent must account for what the loopback carried. The rest was
+        sent by a process that is not a rank (a helper it started, whose connections rank_flows does not
+        credit to it) or over a connection closed before the ranks returned, which the socket table no
+        longer lists: bytes that no rule on a rank's traffic would see."""
+        unaccounted = self.carried_at_least - sent_by_ranks
+        if unaccounted > _BYTES_SLACK:
+            raise MeasurementRefused(
+                f"{self.carried_at_least} bytes crossed the network between the sandbox's processes during the "
+                f"launch, but the ranks' open connections sent {sent_by_ranks}: {unaccounted} went through a "
+                "process that is not a rank (a helper it started) or a connection closed before the function "
+                "returned (a process group destroyed in it: the launcher ends the group itself), which a rule on "
+                "the ranks' traffic cannot see")
+
+    def _add_rank_flows(self, measurements):
+        """Sets each rank's ``sent_to`` and ``sent_to_others``; returns what each rank's sockets sent."""
+        sent, to_others, on_the_wire = self._rank_flows()
         for rank, measured in enumerate(measurements):
             measured["sent_to"] = sent[rank] if sent is not None else None
             measured["sent_to_others"] = to_others[rank] if to_others is not None else None
@@ -100,13 +118,14 @@ class _Meter:
                 # Not sent[rank][rank]: rank 0's own client talking to the TCPStore it hosts, 0.9 to
                 # 3.5 KB that grow with how long it waits for the others, and reach no other rank.
                 measured["sent_bytes"] = sum(n for peer, n in enumerate(sent[rank]) if peer != rank)
+        return on_the_wire
 
     def _rank_flows(self):
         """Bytes per ordered pair of ranks over TCP, read from the kernel while every rank waits to be
-        released (course_lib.grading.tcp_flows); (None, None) where that cannot be read (not Linux, or
+        released (course_lib.grading.tcp_flows); Nones where that cannot be read (not Linux, or
         outside a sandbox where sock_diag is refused). In a sandbox, unreadable counts refuse the check."""
         if not sys.platform.startswith("linux"):
-            return None, None
+            return None, None, None
         from ..grading.tcp_flows import diag_socket, rank_flows
 
         pids = [proc.pid for proc in self.procs]
@@ -115,7 +134,7 @@ class _Meter:
                 with diag_socket() as diag:
                     return rank_flows(diag, pids)
             except OSError:
-                return None, None  # the check says the byte rule was skipped
+                return None, None, None  # the check says the byte rule was skipped
         try:
             return rank_flows(self.sandbox.tcp_diag(), pids)
         except (OSError, LookupError) as exc:
@@ -132,6 +151,7 @@ class _Meter:
             raise MeasurementRefused("the sandbox's loopback could not be read, so the bytes sent cannot be checked")
         frame_bytes, packets = after[0] - self.loopback_before[0], after[1] - self.loopback_before[1]
         most = frame_bytes - _FRAME_HEADER_BYTES[0] * packets
+        self.carried_at_least = max(frame_bytes - _FRAME_HEADER_BYTES[1] * packets, 0)
         written = sum(m["written_bytes"] for m in measurements)
         in_files = self.sandbox.bytes_in_files_since(self.started_at)  # a checkpoint, say: written, not sent
         slack = _BYTES_SLACK + 0.03 * max(written, most)
