@@ -179,6 +179,26 @@ def helper_holds_memory(n):
 outcome("helper_memory", learner.launch, helper_holds_memory, 2, args=(400 << 20,), measure=True)
 
 
+def keeps_memory_in_files(n):
+    # Rank 0 keeps n bytes in a file of its folder (a tmpfs: memory) and n in a memory file it never maps,
+    # out of its resident size, while it is measured.
+    if dist.get_rank() == 0:
+        with open("kept", "wb") as f:
+            f.write(bytes(n))
+        import mmap
+
+        memory_file = os.memfd_create("kept")  # filled through a mapping, then unmapped: no write(2) counts it
+        os.ftruncate(memory_file, n)
+        with mmap.mmap(memory_file, n) as view:
+            for start in range(0, n, 1 << 20):
+                view[start:start + (1 << 20)] = b"\1" * (1 << 20)
+    dist.barrier()
+    return dist.get_rank()
+
+
+outcome("memory_in_files", learner.launch, keeps_memory_in_files, 2, args=(200 << 20,), measure=True)
+
+
 def all_reduce_plain(n):
     t = torch.ones(n)
     dist.all_reduce(t)

@@ -31,7 +31,7 @@ PEAK_SCRIPT = textwrap.dedent("""
         return 0
 
     if sys.argv[1] == "no-sampling":
-        launcher.measuring._Meter.sample_memory = lambda self: None
+        launcher.measuring._Meter.sample_memory = lambda self, everything=False: None
     learner = Learner(answers=(), setup="import torch")
     peaks = [learner.launch(hold_then_hide, 1, args=(mb,), measure=True, init_process_group=False)[1][0]["peak_rss_bytes"]
              for mb in (0, 200)]

@@ -81,6 +81,14 @@ def test_memory_held_by_a_helper_process_counts(routes):
     assert measured[0]["peak_rss_bytes"] > honest[0]["peak_rss_bytes"] + (400 << 20) * 0.9
 
 
+def test_memory_kept_in_files_counts(routes):
+    """A file in the rank's folder (the sandbox's /tmp is a tmpfs) and an unmapped memfd hold memory that no
+    process's resident size shows; a rule on a rank's memory counts them."""
+    results, measured = routes["memory_in_files"]["value"]
+    honest = routes["honest_all_reduce"]["value"][1]
+    assert measured[0]["peak_rss_bytes"] > honest[0]["peak_rss_bytes"] + (400 << 20) * 0.9
+
+
 def test_an_honest_all_reduce_is_measured_without_its_output(routes):
     results, measured = routes["honest_all_reduce"]["value"]
     assert results == [4.0] * 4

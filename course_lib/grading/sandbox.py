@@ -540,6 +540,24 @@ class Sandbox:
                 sizes[pid] = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         return sizes
 
+    def memory_outside_processes(self, processes=None) -> int:
+        """Bytes the learner side holds in memory that no process's resident size shows: files in the
+        sandbox's /tmp and /dev/shm (tmpfs: memory), and memory files (memfd_create) its processes hold
+        open but have not mapped (``processes``: the sandbox's, if already listed). Where a rank could keep
+        what a memory rule counts, out of its sight."""
+        total = sum(used for used, _ in self.tmpfs_usage().values())
+        seen = set()
+        for pid in self.processes_inside() if processes is None else processes:
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                            stat = os.stat(f"/proc/{pid}/fd/{fd}")
+                            if (stat.st_dev, stat.st_ino) not in seen:
+                                seen.add((stat.st_dev, stat.st_ino))
+                                total += stat.st_blocks * 512
+        return total
+
     def private_bytes(self, pids) -> int:
         """Memory that processes ``pids`` hold of their own (private pages, from smaps_rollup).
 

@@ -50,8 +50,11 @@ class _Meter:
         self.payload_bytes = {}
         self.sampled_rss = [0] * len(procs)  # the most resident memory seen from outside
         self.helper_peak = 0  # sandbox: the most memory that processes other than the ranks held at once
+        self.stash_peak = 0  # sandbox: the most memory held in files (tmpfs, memfd) at once, beyond...
+        self.stash_before = self.sandbox.memory_outside_processes() if self.sandbox is not None else 0  # ...this
         self.carried_at_least = None  # sandbox: the fewest bytes of data the loopback can have carried
         self._helpers_sampled = 0.0
+        self._helpers_interval = 0.25  # longer when a pass is slow: see sample_memory
 
     def note_baseline(self, rank, written, resident) -> None:
         """A rank's baseline frame: what it had written, and held, before the learner's code ran."""
@@ -60,24 +63,32 @@ class _Meter:
         if self.drains is not None:
             self.drained_at_baseline[rank] = sum(drain.drained() for drain in self.drains[rank])
 
-    def sample_memory(self):
+    def sample_memory(self, everything: bool = False):
+        """The ranks' resident memory; in a sandbox, every 0.25 s (or now, with ``everything``), also what
+        helpers and files hold. That pass reads every process in the sandbox, and a submission decides how
+        many there are (a fork bomb left 900 sleeping: 0.3 s a pass), so the next one waits at least four
+        times as long as the last took: the judge never spends more than a fifth of a core on it."""
         for rank in range(self.world_size):
             rss = _resident_bytes(self.procs[rank].pid)
             if rss > self.sampled_rss[rank]:
                 self.sampled_rss[rank] = rss
         now = time.monotonic()
-        if self.sandbox is not None and now - self._helpers_sampled > 0.25:
-            self._helpers_sampled = now
+        if self.sandbox is not None and (everything or now - self._helpers_sampled > self._helpers_interval):
             # Not helpers: this launch's ranks, an earlier launch's ranks still exiting (their memory
             # is being freed), bwrap, its init and the launch server. A helper counts by the memory it
             # holds of its own: a rank's child between fork and exec shares all of the rank's pages.
             not_helpers = self.sandbox.rank_pids | self.sandbox.infrastructure_pids()
-            helpers = self.sandbox.private_bytes(pid for pid in self.sandbox.processes_inside() if pid not in not_helpers)
+            inside = self.sandbox.processes_inside()
+            helpers = self.sandbox.private_bytes(pid for pid in inside if pid not in not_helpers)
             self.helper_peak = max(self.helper_peak, helpers)
+            self.stash_peak = max(self.stash_peak, self.sandbox.memory_outside_processes(inside) - self.stash_before)
+            self._helpers_sampled = time.monotonic()
+            self._helpers_interval = max(0.25, 4 * (self._helpers_sampled - now))
 
     def measure_all(self) -> list:
         """Every rank measured at once, as all of them wait to be released (see measure)."""
         measurements = []
+        self.sample_memory(everything=True)  # as they wait: what a rank keeps until it is released counts
         for rank in range(self.world_size):
             measured = self.measure(rank, self.payload_bytes.get(rank, 0))
             if measured is None and sys.platform.startswith("linux"):
@@ -190,9 +201,11 @@ class _Meter:
         own = payload_bytes + self._printed(rank) + (self.baselines.get(rank) or 0)  # baseline: before learner code
         self.sample_memory()
         peak = max(int(status.get("VmHWM", "0 kB").split()[0]) * 1024, self.sampled_rss[rank])
-        # In a sandbox a rank's helpers count as its own: memory held by another process is still held.
+        # In a sandbox a rank's helpers count as its own: memory held by another process is still held;
+        # and so does memory held in files (a tmpfs, a memfd), which no process's resident size shows.
         written = int(io_counts.get("wchar", 0)) - own
-        return {"sent_bytes": written, "written_bytes": written, "peak_rss_bytes": peak + self.helper_peak,
+        return {"sent_bytes": written, "written_bytes": written,
+                "peak_rss_bytes": peak + self.helper_peak + self.stash_peak,
                 "start_rss_bytes": self.start_rss.get(rank, 0),
                 "network_bytes": None,  # set by measure_all in a sandbox
                 "sent_to": None, "sent_to_others": None}  # set by measure_all when the check counts bytes
