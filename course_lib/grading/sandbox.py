@@ -58,6 +58,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from stat import S_ISLNK
 
 __all__ = ["Sandbox", "SandboxUnavailable", "sandbox_problem", "INSTALL_HINT"]
 
@@ -701,21 +702,25 @@ def _holds_a_mount_point(folder: Path, device: int) -> bool:
 
 def _files_on_its_own_device(folder: Path):
     """(path, lstat) of every file below ``folder`` on its device: no link followed, no mount point entered."""
-    with contextlib.suppress(OSError):
+    try:
         device = os.lstat(folder).st_dev
-        for root, dirs, names in os.walk(folder):
-            for name in names:
-                with contextlib.suppress(OSError):
-                    stat = os.lstat(os.path.join(root, name))
-                    if stat.st_dev == device and not os.path.islink(os.path.join(root, name)):
-                        yield os.path.join(root, name), stat
-            kept = []
-            for name in dirs:
-                with contextlib.suppress(OSError):
-                    stat = os.lstat(os.path.join(root, name))
-                    if stat.st_dev == device and not os.path.islink(os.path.join(root, name)):
-                        kept.append(name)
-            dirs[:] = kept
+    except OSError:
+        return
+    for root, dirs, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            if (found := _own_entry(path, device)) is not None:
+                yield path, found
+        dirs[:] = [name for name in dirs if _own_entry(os.path.join(root, name), device) is not None]
+
+
+def _own_entry(path: str, device: int) -> os.stat_result | None:
+    """``path``'s lstat where it is on ``device`` and not a link; None otherwise (or if it is gone)."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return found if found.st_dev == device and not S_ISLNK(found.st_mode) else None
 
 
 @functools.lru_cache(maxsize=None)
