@@ -42,14 +42,27 @@ def table(entries: list[dict], top: int) -> str:
         lines.append(f"  {run['stage']:<36} {minutes(run['seconds'])}  {busy}  {machine}  {run['outcome']}")
     lines.append(f"  {'all stages':<36} {minutes(sum(r['seconds'] for r in runs))}")
     by_file: dict[tuple[str, str], float] = defaultdict(float)
+    cpu_by_file: dict[tuple[str, str], float] = defaultdict(float)
     for e in tests:
         by_file[e["stage"], file_of(e["test"])] += e["seconds"]
+        cpu_by_file[e["stage"], file_of(e["test"])] += e.get("test_cpu_seconds", 0.0)
+    counted = any("test_cpu_seconds" in e for e in tests)
+    if counted:
+        lines += ["", f"CPU time the tests' processes used (each pytest worker's cgroup): "
+                      f"{minutes(sum(cpu_by_file.values())).strip()}; each line below shows it after the wall time"]
     lines += ["", f"the {top} slowest test modules and notebooks (their tests summed)"]
     for (stage, name), seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"  {minutes(seconds)}  {name}  [{stage}]")
+        cpu = f"  {minutes(cpu_by_file[stage, name])} CPU" if counted else ""
+        lines.append(f"  {minutes(seconds)}{cpu}  {name}  [{stage}]")
     lines += ["", f"the {top} slowest single tests or notebook cells"]
     for e in sorted(tests, key=lambda e: -e["seconds"])[:top]:
-        lines.append(f"  {minutes(e['seconds'])}  {e['test']}  [{e['stage']}]")
+        cpu = f"  {minutes(e.get('test_cpu_seconds', 0.0))} CPU" if counted else ""
+        lines.append(f"  {minutes(e['seconds'])}{cpu}  {e['test']}  [{e['stage']}]")
+    if counted:
+        lines += ["", f"the {top} tests or notebook cells that used the most CPU"]
+        for e in sorted(tests, key=lambda e: -e.get("test_cpu_seconds", 0.0))[:top]:
+            lines.append(f"  {minutes(e.get('test_cpu_seconds', 0.0))} CPU  {minutes(e['seconds'])}  "
+                         f"{e['test']}  [{e['stage']}]")
     return "\n".join(lines)
 
 
