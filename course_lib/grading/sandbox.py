@@ -295,6 +295,7 @@ class Sandbox:
         self._infrastructure: set[int] | None = None
         self.rank_pids: set[int] = set()  # every launch's ranks (pids outside): a rank is never a "helper"
         self._watchdog: threading.Thread | None = None
+        self.watch = {"passes": 0, "most_files": 0, "errors": 0, "last_error": None}  # what the watchdog saw
         self._diag = None  # a netlink socket that answers for the sandbox's network namespace
         self.ended_because: str | None = None
         self.closed = False
@@ -574,23 +575,36 @@ class Sandbox:
 
     def _watch(self) -> None:
         """Without a cgroup (an ordinary user), the judge enforces the memory limit itself; and, always,
-        how many files (and, with an older bwrap, bytes) the sandbox's own folders hold."""
+        how many files (and, with an older bwrap, bytes) the sandbox's own folders hold. A pass that
+        fails is recorded and the next one runs: a watchdog that died would leave the limits unheld."""
         while not self.closed and self.pid is not None:
-            for inside, (used, files) in self.tmpfs_usage().items():
-                if files > self.tmpfs_files or used > self.tmpfs_bytes:
-                    self.end(f"it kept {files} files ({used / 2**20:.0f} MiB) in {inside}, more than the "
-                             f"{self.tmpfs_files} files ({self.tmpfs_bytes / 2**20:.0f} MiB) a submission may")
+            try:
+                if self._watch_once():
                     return
-            if self.cgroups is None:
-                total = sum(self.resident_bytes().values())
-                if total > self.memory_bytes:
-                    self.end(f"its processes used {total / 2**30:.1f} GiB of memory, more than the "
-                             f"{self.memory_bytes / 2**30:g} GiB a submission may use")
-                    return
-            elif self.cgroups.oom_killed():
-                self.ended_because = (f"its processes needed more than the {self.memory_bytes / 2**30:g} GiB "
-                                      "of memory a submission may use")
+            except Exception as exc:  # noqa: BLE001 - recorded, and the watch goes on
+                self.watch["errors"] += 1
+                self.watch["last_error"] = f"{type(exc).__name__}: {exc}"
             time.sleep(0.2)
+
+    def _watch_once(self) -> bool:
+        """One look at the sandbox; True once it has been ended for what it holds."""
+        self.watch["passes"] += 1
+        for inside, (used, files) in self.tmpfs_usage().items():
+            self.watch["most_files"] = max(self.watch["most_files"], files)
+            if files > self.tmpfs_files or used > self.tmpfs_bytes:
+                self.end(f"it kept {files} files ({used / 2**20:.0f} MiB) in {inside}, more than the "
+                         f"{self.tmpfs_files} files ({self.tmpfs_bytes / 2**20:.0f} MiB) a submission may")
+                return True
+        if self.cgroups is None:
+            total = sum(self.resident_bytes().values())
+            if total > self.memory_bytes:
+                self.end(f"its processes used {total / 2**30:.1f} GiB of memory, more than the "
+                         f"{self.memory_bytes / 2**30:g} GiB a submission may use")
+                return True
+        elif self.cgroups.oom_killed():
+            self.ended_because = (f"its processes needed more than the {self.memory_bytes / 2**30:g} GiB "
+                                  "of memory a submission may use")
+        return False
 
     def end(self, why: str | None = None) -> None:
         """Kill everything in the sandbox (killing bwrap ends its pid namespace with it)."""
