@@ -53,7 +53,8 @@ def optional_packages() -> set[str]:
 def test_pinned_versions_satisfy_the_supported_ranges_and_are_installed():
     ranges = {Requirement(r).name: Requirement(r).specifier for r in pyproject_requirements()}
     for name, pinned in hand_pins().items():
-        assert pinned in ranges[name], f"{name}=={pinned} is outside pyproject's {ranges[name]}"
+        # an indirect dependency pinned by hand (constraints.txt says why) has no range of ours to be in
+        assert name not in ranges or pinned in ranges[name], f"{name}=={pinned} is outside pyproject's {ranges[name]}"
         try:
             installed = Version(version(name))
         except PackageNotFoundError:  # an extra this environment was made without (make setup alone)
