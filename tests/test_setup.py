@@ -152,3 +152,24 @@ def test_a_venv_made_by_an_older_python_is_made_again_not_reused(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert "making it again" in run.stdout and "needs Python 3.11 or newer" in run.stdout, run.stdout + run.stderr
     assert not venv.exists()
+
+
+def test_the_durations_table_shows_each_tests_cpu_where_it_was_counted():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("durations_table", REPO / "scripts" / "test_durations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.table
+
+    run = {"stage": "s", "test": None, "seconds": 120.0, "cpu_seconds": 60.0, "outcome": "passed"}
+    counted = [run, {"stage": "s", "test": "tests/a.py::one", "seconds": 30.0, "test_cpu_seconds": 90.0},
+               {"stage": "s", "test": "tests/a.py::two", "seconds": 50.0, "test_cpu_seconds": 6.0},
+               {"stage": "s", "test": "tests/b.py::three", "seconds": 40.0, "test_cpu_seconds": 30.0}]
+    shown = table(counted, top=5)
+    assert "each pytest worker's cgroup): 2.1 min" in shown  # 126 CPU-seconds in all
+    assert "  1.3 min    1.6 min CPU  tests/a.py  [s]" in shown  # 80 s of wall, 96 CPU-seconds
+    used_most = shown[shown.index("that used the most CPU"):].splitlines()[1:4]
+    assert [line.split()[-2] for line in used_most] == ["tests/a.py::one", "tests/b.py::three", "tests/a.py::two"]
+    plain = table([run] + [{k: v for k, v in e.items() if k != "test_cpu_seconds"} for e in counted[1:]], top=5)
+    assert "CPU  tests/" not in plain and "used the most CPU" not in plain
