@@ -259,7 +259,8 @@ class Learner:
             judged.sandbox = self.sandbox()
             judged.environment = _learner_environment()
             judged.cwd = str(judged.sandbox.scratch)
-            judged.apart = {"shared": [os.fspath(folder) for folder in shared], "readable": [judged.cwd]}
+            judged.apart = {"shared": [os.fspath(folder) for folder in shared], "readable": [judged.cwd],
+                            "private_root": judged.sandbox.private_folders[0]}  # its /tmp: a tmpfs of its own
         elif self.grading:
             judged.run_as = _unprivileged_user()
         judged.payloads = [self._payload(fn, tuple(args) + tuple(rank_args[rank] if rank_args else ()), kwargs)

@@ -73,7 +73,7 @@ class _Judged:
     counts_bytes: bool = False  # the check counts bytes sent: bytes written elsewhere are refused
     # In a sandbox: each rank in a Landlock domain of its own (course_lib.grading.apart), writing only
     # to a folder of its own and to these folders, which the check shares with every rank (None: not kept apart).
-    apart: dict | None = None  # {"shared": [folder, ...], "readable": [folder, ...]}
+    apart: dict | None = None  # {"shared": [folder, ...], "readable": [folder, ...], "private_root": "/tmp"}
 
     def __getstate__(self):
         # What a rank receives: the cells to run. Never the other ranks' payloads (each rank's
