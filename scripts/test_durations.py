@@ -24,6 +24,11 @@ def file_of(test: str) -> str:
     return test.partition("::")[0]
 
 
+def cpu_of(entry: dict) -> float:
+    """The CPU seconds a test's processes used (0 where they were not counted)."""
+    return entry.get("test_cpu_seconds", 0.0)
+
+
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:5.1f} min" if seconds >= 60 else f"{seconds:5.1f} s  "
 
@@ -45,7 +50,7 @@ def table(entries: list[dict], top: int) -> str:
     cpu_by_file: dict[tuple[str, str], float] = defaultdict(float)
     for e in tests:
         by_file[e["stage"], file_of(e["test"])] += e["seconds"]
-        cpu_by_file[e["stage"], file_of(e["test"])] += e.get("test_cpu_seconds", 0.0)
+        cpu_by_file[e["stage"], file_of(e["test"])] += cpu_of(e)
     counted = any("test_cpu_seconds" in e for e in tests)
     if counted:
         lines += ["", f"CPU time the tests' processes used (each pytest worker's cgroup): "
@@ -56,12 +61,12 @@ def table(entries: list[dict], top: int) -> str:
         lines.append(f"  {minutes(seconds)}{cpu}  {name}  [{stage}]")
     lines += ["", f"the {top} slowest single tests or notebook cells"]
     for e in sorted(tests, key=lambda e: -e["seconds"])[:top]:
-        cpu = f"  {minutes(e.get('test_cpu_seconds', 0.0))} CPU" if counted else ""
+        cpu = f"  {minutes(cpu_of(e))} CPU" if counted else ""
         lines.append(f"  {minutes(e['seconds'])}{cpu}  {e['test']}  [{e['stage']}]")
     if counted:
         lines += ["", f"the {top} tests or notebook cells that used the most CPU"]
-        for e in sorted(tests, key=lambda e: -e.get("test_cpu_seconds", 0.0))[:top]:
-            lines.append(f"  {minutes(e.get('test_cpu_seconds', 0.0))} CPU  {minutes(e['seconds'])}  "
+        for e in sorted(tests, key=lambda e: -cpu_of(e))[:top]:
+            lines.append(f"  {minutes(cpu_of(e))} CPU  {minutes(e['seconds'])}  "
                          f"{e['test']}  [{e['stage']}]")
     return "\n".join(lines)
 

@@ -421,9 +421,6 @@ def makes_many_files(n):
 
 
 outcome("many_files", learner.call, makes_many_files, 20_000, timeout=60)
-outcomes["many_files_watch"] = dict(box.watch, alive=box._watchdog is not None and box._watchdog.is_alive(),
-                                    ended_because=box.ended_because, same_box=learner.sandbox() is box,
-                                    usage_after=box.tmpfs_usage(), limits=[box.tmpfs_bytes, box.tmpfs_files])
-print(json.dumps({"many_files_watch": outcomes["many_files_watch"]}, default=str), flush=True)
+outcomes["many_files_watch"] = dict(box.watch, ended_because=box.ended_because)  # what the watchdog saw
 learner.end_sandbox()
 print("ALL " + json.dumps(outcomes, default=str), flush=True)
