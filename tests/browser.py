@@ -465,10 +465,53 @@ def _explorer_view(explorer) -> str:
     return explorer.locator(".widget-output").evaluate_all("views => views.map(v => v.innerHTML).join('')")
 
 
+def _status_bar(page) -> str:
+    with contextlib.suppress(Exception):
+        return " ".join(page.locator("#jp-main-statusbar").inner_text(timeout=5_000).split())
+    return "(unreadable)"
+
+
+def _settled_view(page, explorer, quiet_s: float = 1.5, limit_s: float = 60) -> str:
+    """The explorer's drawing once the kernel is idle and the drawing has stopped changing.
+
+    A redraw reaches the page in parts (``clear_output(wait=True)``, the printed line, then the
+    figure), so a drawing read mid-redraw is not the one the next move must change: reading it
+    there let a late figure from the previous move pass for this move's answer."""
+    deadline = time.monotonic() + limit_s
+    view, since = _explorer_view(explorer), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = _explorer_view(explorer)
+        if now != view:
+            view, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s and _kernel_idle(page):
+            break
+    return view
+
+
+def _move_one_step(page, slider, handle) -> tuple[str, str]:
+    """Press one arrow key on the slider's focused handle; the readout before and after.
+
+    The readout is drawn by the page alone, so it tells a key press that never reached the
+    slider apart from a kernel that did not answer."""
+    readout = slider.locator(".widget-readout").first
+    before = readout.inner_text(timeout=5_000)
+    at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+    handle.focus()
+    if not handle.evaluate("h => h === document.activeElement"):
+        raise RuntimeError("its handle did not take the keyboard focus")
+    page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+    deadline = time.monotonic() + 10
+    while readout.inner_text(timeout=5_000) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return before, readout.inner_text(timeout=5_000)
+
+
 def _exercise_explorers(page, run: BrowserRun, wait_s: float = 90) -> int:
     """Move every slider one step with the keyboard, press its explorer's Run button if it has one
     (``interact_manual``), and wait for the explorer's drawing to change: proof that the kernel got
-    the new value and answered (a slider's own readout changes without any kernel)."""
+    the new value and answered (a slider's own readout changes without any kernel). Each move
+    starts from a settled drawing and is judged on the settled drawing after it, one at a time."""
     sliders = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-slider")
     responded = 0
     for index in range(sliders.count()):
@@ -477,23 +520,27 @@ def _exercise_explorers(page, run: BrowserRun, wait_s: float = 90) -> int:
         explorer = slider.locator("xpath=ancestor::div[contains(@class,'jp-OutputArea-output')][1]")
         try:
             slider.scroll_into_view_if_needed(timeout=5_000)
-            before = _explorer_view(explorer)
-            at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
-            handle.focus()
-            page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+            before = _settled_view(page, explorer)
+            shown_before, shown_after = _move_one_step(page, slider, handle)
+            if shown_after == shown_before:
+                run.problems.append(f"slider {index} did not move: its readout stayed {shown_before!r} 10 s after "
+                                    "an arrow key was pressed on its focused handle")
+                continue
             button = explorer.locator(".widget-button")
             if button.count():
                 button.first.click(timeout=5_000)
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and _explorer_view(explorer) == before:
                 time.sleep(0.5)
+            after = _settled_view(page, explorer)
         except Exception as exc:  # noqa: BLE001 - reported as a problem of the page
             run.problems.append(f"slider {index} could not be moved: {type(exc).__name__}: {exc}")
             continue
-        if _explorer_view(explorer) != before:
+        if after != before:
             responded += 1
         else:
-            run.problems.append(f"slider {index} was moved but its explorer did not redraw within {wait_s:.0f} s")
+            run.problems.append(f"slider {index} moved ({shown_before!r} to {shown_after!r}) but its explorer did not "
+                                f"redraw within {wait_s:.0f} s; status bar: {_status_bar(page)}")
     return responded
 
 

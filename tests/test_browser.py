@@ -113,6 +113,7 @@ def _broken_notebook(folder: Path) -> str:
         nbformat.v4.new_code_cell("import ipywidgets as widgets\n"
                                   "widgets.IntProgress(value=3, max=10)  # a progress bar left behind"),
         nbformat.v4.new_code_cell("widgets.interactive(lambda k: None, k=widgets.IntSlider(0, 0, 5))  # draws nothing"),
+        nbformat.v4.new_code_cell("widgets.interactive(lambda k: print(k), k=widgets.IntSlider(0, 0, 5, disabled=True))  # cannot move"),
         nbformat.v4.new_code_cell("def train():\n    report_progress(1, 1)  # never launched: no bars"),
         # outputs nbval does not compare: a check stored here may be one this machine does not make
         nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint('2 processes not checked: 2 cores busy')",
@@ -139,11 +140,12 @@ def test_the_browser_check_catches_a_broken_notebook(tmp_path, page):
     assert "a check failed: \u2718 FAILED the sum" in found, found
     assert "passed checks on the page differ from the stored notebook's in 1 compared code cells" in found, found
     assert "code cell 0: 0 on the page, 1 stored" in found, found
-    assert "code cell 6" not in found, found  # its outputs, checks included, are not compared
+    assert "code cell 7" not in found, found  # its outputs, checks included, are not compared
     assert "stderr or error output in code cells [1]" in found, found
     assert "0 figures rendered as images on the page, 1 in the stored notebook" in found, found
     assert "progress bars were still showing after the run" in found, found
-    assert "slider 0 was moved but its explorer did not redraw" in found, found
+    assert "slider 0 moved ('0' to '1') but its explorer did not redraw" in found, found
+    assert "slider 1 did not move: its readout stayed '0'" in found, found  # a lost key press is told apart
     assert "its launches call report_progress, but 1 progress bars showed" in found, found
 
 
