@@ -42,20 +42,23 @@ _machine_busy_at_start = _machine_busy_seconds()
 _CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
-def _own_cpu_cgroup() -> Path | None:
+def _own_cpu_cgroup(config) -> Path | None:
     """The cpuacct.usage file of a cgroup this process has just moved into, or None where it cannot."""
     if not os.environ.get("COURSE_DURATIONS_FILE") or not hasattr(os, "geteuid") or os.geteuid() != 0:
         return None
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no":
+        return None  # an xdist controller runs no test; its workers, started after this, each move
     try:
         if ":/course-tests-" in Path("/proc/self/cgroup").read_text():
             return None  # a pytest a test started: its CPU is that test's, so it stays in the test's cgroup
     except OSError:
         return None
     for left in _CPUACCT.glob("course-tests-*"):  # an earlier run's, once its processes are gone
-        try:
-            left.rmdir()
-        except OSError:
-            pass
+        if not Path("/proc", left.name.rpartition("-")[2]).exists():  # never a live worker's, even empty
+            try:
+                left.rmdir()
+            except OSError:
+                pass
     own = _CPUACCT / f"course-tests-{os.getpid()}"
     try:
         own.mkdir(exist_ok=True)
@@ -65,8 +68,13 @@ def _own_cpu_cgroup() -> Path | None:
         return None
 
 
-_cpu_usage_file = _own_cpu_cgroup()
+_cpu_usage_file: Path | None = None
 _cpu_counted = 0.0
+
+
+def pytest_configure(config):
+    global _cpu_usage_file
+    _cpu_usage_file = _own_cpu_cgroup(config)
 
 
 def pytest_unconfigure(config):
@@ -79,8 +87,9 @@ def pytest_unconfigure(config):
 
 
 def _cpu_since_last_report() -> float | None:
-    """CPU seconds this process and everything it started used since the last report (a worker runs
-    one test at a time, so each test's setup, call and teardown reports add up to its own)."""
+    """CPU seconds this process and everything it started used since the last report or the test's
+    start (a worker runs one test at a time, so each test's setup, call and teardown reports add up
+    to its own, and the worker's collection is no test's)."""
     global _cpu_counted
     try:
         used = int(_cpu_usage_file.read_text()) / 1e9
@@ -88,6 +97,10 @@ def _cpu_since_last_report() -> float | None:
         return None
     since, _cpu_counted = used - _cpu_counted, used
     return since
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _cpu_since_last_report()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own makes the report, which copies user_properties

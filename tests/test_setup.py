@@ -1,5 +1,6 @@
 """The course's set-up files agree with each other and with what is installed."""
 
+import os
 import re
 import sysconfig
 import tomllib
@@ -173,3 +174,46 @@ def test_the_durations_table_shows_each_tests_cpu_where_it_was_counted():
     assert [line.split()[-2] for line in used_most] == ["tests/a.py::one", "tests/b.py::three", "tests/a.py::two"]
     plain = table([run] + [{k: v for k, v in e.items() if k != "test_cpu_seconds"} for e in counted[1:]], top=5)
     assert "CPU  tests/" not in plain and "used the most CPU" not in plain
+
+
+def _into_the_root_cpu_cgroup():  # as a pytest outside `make test`'s own cgroups starts
+    Path("/sys/fs/cgroup/cpuacct/cgroup.procs").write_text(str(os.getpid()))
+
+
+def test_each_pytest_worker_counts_its_tests_cpu_in_a_cgroup_of_its_own(tmp_path):
+    """conftest.py, run with two xdist workers as `make test` runs it: each test's line holds the CPU
+    its own process used, the controller (which runs no test) keeps no cgroup to which the workers'
+    CPU would go, and no cgroup is left behind."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    procs = Path("/sys/fs/cgroup/cpuacct/cgroup.procs")
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and procs.exists()):
+        pytest.skip("per-test CPU is counted only as root on a Linux with cgroup v1's cpuacct controller")
+    shutil.copy(REPO / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_work.py").write_text(
+        "import time\n\n\n"
+        "def test_burns_a_cpu_second():\n"
+        "    start = time.process_time()\n"
+        "    while time.process_time() - start < 1.0:\n"
+        "        pass\n\n\n"
+        "def test_sleeps_a_second():\n"
+        "    time.sleep(1.0)\n")
+    durations = tmp_path / "durations.jsonl"
+    cgroups_before = set(procs.parent.glob("course-tests-*"))
+    env = dict(os.environ, COURSE_DURATIONS_FILE=str(durations), COURSE_TEST_STAGE="inner",
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # xdist alone: nbval's imports would only cost time
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "xdist.plugin", "-n", "2", "-p", "no:cacheprovider",
+                          "-c", os.devnull,
+                          "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300, preexec_fn=_into_the_root_cpu_cgroup)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = {line["test"]: line for line in map(json.loads, durations.read_text().splitlines())}
+    burns, sleeps = (lines[f"test_work.py::{name}"] for name in ("test_burns_a_cpu_second", "test_sleeps_a_second"))
+    assert 1.0 <= burns.get("test_cpu_seconds", 0) < burns["seconds"] + 0.5, burns  # its own CPU, no one else's
+    assert sleeps.get("test_cpu_seconds", 9) < 0.5, sleeps  # a second of sleep costs next to no CPU
+    assert set(procs.parent.glob("course-tests-*")) <= cgroups_before  # the workers' went when they ended
