@@ -194,9 +194,10 @@ def test_each_pytest_worker_counts_its_tests_cpu_in_a_cgroup_of_its_own(tmp_path
     procs = Path("/sys/fs/cgroup/cpuacct/cgroup.procs")
     if not (hasattr(os, "geteuid") and os.geteuid() == 0 and procs.exists()):
         pytest.skip("per-test CPU is counted only as root on a Linux with cgroup v1's cpuacct controller")
+    probe = procs.parent / f"course-tests-probe-{os.getpid()}"
     try:  # a read-only cgroup file system (some containers) counts nothing either
-        (procs.parent / f"course-tests-probe-{os.getpid()}").mkdir()
-        (procs.parent / f"course-tests-probe-{os.getpid()}").rmdir()
+        probe.mkdir()
+        probe.rmdir()
     except OSError as exc:
         pytest.skip(f"cpuacct cgroups cannot be made here ({exc}), so per-test CPU is not counted")
     shutil.copy(REPO / "conftest.py", tmp_path / "conftest.py")
