@@ -223,3 +223,37 @@ def test_each_pytest_worker_counts_its_tests_cpu_in_a_cgroup_of_its_own(tmp_path
     assert 1.0 <= burns.get("test_cpu_seconds", 0) < burns["seconds"] + 0.5, burns  # its own CPU, no one else's
     assert sleeps.get("test_cpu_seconds", 9) < 0.5, sleeps  # a second of sleep costs next to no CPU
     assert set(procs.parent.glob("course-tests-*")) <= cgroups_before  # the workers' went when they ended
+
+
+def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_failed(tmp_path):
+    """scripts/flake_hunt.py with a stand-in for the suite: a run that passes, one with a failed test, one
+    that hangs. The busy loops run during each run and are gone after; the hung run is stopped, its
+    processes too; the failed test is listed with how often it failed."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    counter, sleeper = tmp_path / "runs", tmp_path / "sleeper.pid"
+    stand_in = (
+        'n=$(( $(cat "$COUNTER" 2>/dev/null || echo 0) + 1 )); echo $n > "$COUNTER"\n'
+        'echo "busy loops: $(pgrep -fc "[w]hile True: pass")"\n'
+        'if [ $n = 2 ]; then echo "FAILED tests/test_x.py::test_flaky - AssertionError"\n'
+        '  echo "===== 1 failed, 3 passed in 2.00s ====="; exit 1; fi\n'
+        'if [ $n = 3 ]; then sleep 300 & echo $! > "$SLEEPER"; wait; fi\n'
+        'echo "===== 4 passed in 2.00s ====="\n')
+    env = dict(os.environ, COUNTER=str(counter), SLEEPER=str(sleeper))
+    run = subprocess.run([sys.executable, REPO / "scripts" / "flake_hunt.py", "--runs", "3", "--busy", "2",
+                          "--command", stand_in, "--run-timeout-min", "0.1", "--keep", tmp_path / "hunt"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    out = run.stdout
+    assert run.returncode == 1, out + run.stderr
+    assert re.search(r"^run 1: exit 0 after [\d.]+ min: 4 passed in 2.00s$", out, re.M), out
+    assert re.search(r"^run 2: exit 1 after [\d.]+ min: 1 failed, 3 passed in 2.00s\n    failed: tests/test_x.py::test_flaky$",
+                     out, re.M), out
+    assert re.search(r"^run 3: stopped at the timeout after [\d.]+ min: no pytest summary$", out, re.M), out
+    assert "1 of 3 runs passed" in out and "  tests/test_x.py::test_flaky: failed in 1 of 3 runs" in out, out
+    logs = [(tmp_path / "hunt" / f"run{n}.log").read_text() for n in (1, 2, 3)]
+    assert all("busy loops: 2\n" in log for log in logs), logs
+    assert not psutil.pid_exists(int(sleeper.read_text())), "the hung run's processes outlived it"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "while True: pass" in p.info["cmdline"]]
