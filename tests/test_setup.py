@@ -233,7 +233,10 @@ def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_fai
     import sys
 
     import psutil
+    import pytest
 
+    if not (REPO / ".git").exists():
+        pytest.skip("the flake hunt clones this repository, and this copy of the course is not a git clone")
     counter, sleeper = tmp_path / "runs", tmp_path / "sleeper.pid"
     stand_in = (
         'n=$(( $(cat "$COUNTER" 2>/dev/null || echo 0) + 1 )); echo $n > "$COUNTER"\n'
