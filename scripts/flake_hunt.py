@@ -33,12 +33,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY_LINE = re.compile(r"^=+ .*\b(passed|failed|error|errors|skipped)\b.* in [\d.]+s.* =+$")
-FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) (\S+)")
+FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$")  # a test id may hold spaces: "[as run]"
 
 
 def start_busy_loops(count: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-            for _ in range(count)]
+    # The last argument names this hunt, so its own loops can be told from any other's (a hunt of the
+    # suite runs this script's test, which hunts with a stand-in).
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass", f"busy beside flake hunt {os.getpid()}"],
+                             stdin=subprocess.DEVNULL) for _ in range(count)]
 
 
 def stop(processes: list[subprocess.Popen]) -> None:

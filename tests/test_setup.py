@@ -225,38 +225,53 @@ def test_each_pytest_worker_counts_its_tests_cpu_in_a_cgroup_of_its_own(tmp_path
     assert set(procs.parent.glob("course-tests-*")) <= cgroups_before  # the workers' went when they ended
 
 
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie: killed, and waiting only for whoever adopted it to collect its exit status."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_failed(tmp_path):
     """scripts/flake_hunt.py with a stand-in for the suite: a run that passes, one with a failed test, one
     that hangs. The busy loops run during each run and are gone after; the hung run is stopped, its
     processes too; the failed test is listed with how often it failed."""
     import subprocess
     import sys
+    import time
 
     import psutil
     import pytest
 
     if not (REPO / ".git").exists():
         pytest.skip("the flake hunt clones this repository, and this copy of the course is not a git clone")
-    counter, sleeper = tmp_path / "runs", tmp_path / "sleeper.pid"
+    counter, sleeper, hunt = tmp_path / "runs", tmp_path / "sleeper.pid", tmp_path / "hunt.pid"
     stand_in = (
         'n=$(( $(cat "$COUNTER" 2>/dev/null || echo 0) + 1 )); echo $n > "$COUNTER"\n'
-        'echo "busy loops: $(pgrep -fc "[w]hile True: pass")"\n'
-        'if [ $n = 2 ]; then echo "FAILED tests/test_x.py::test_flaky - AssertionError"\n'
+        'echo $PPID > "$HUNT"; echo "busy loops: $(pgrep -fc "[b]usy beside flake hunt $PPID$")"\n'
+        'if [ $n = 2 ]; then echo "FAILED tests/test_x.py::test_flaky[as run] - AssertionError: 1 - 2"\n'
         '  echo "===== 1 failed, 3 passed in 2.00s ====="; exit 1; fi\n'
         'if [ $n = 3 ]; then sleep 300 & echo $! > "$SLEEPER"; wait; fi\n'
         'echo "===== 4 passed in 2.00s ====="\n')
-    env = dict(os.environ, COUNTER=str(counter), SLEEPER=str(sleeper))
+    env = dict(os.environ, COUNTER=str(counter), SLEEPER=str(sleeper), HUNT=str(hunt))
     run = subprocess.run([sys.executable, REPO / "scripts" / "flake_hunt.py", "--runs", "3", "--busy", "2",
                           "--command", stand_in, "--run-timeout-min", "0.1", "--keep", tmp_path / "hunt"],
                          env=env, capture_output=True, text=True, timeout=120)
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     assert re.search(r"^run 1: exit 0 after [\d.]+ min: 4 passed in 2.00s$", out, re.M), out
-    assert re.search(r"^run 2: exit 1 after [\d.]+ min: 1 failed, 3 passed in 2.00s\n    failed: tests/test_x.py::test_flaky$",
+    assert re.search(r"^run 2: exit 1 after [\d.]+ min: 1 failed, 3 passed in 2.00s\n    failed: tests/test_x.py::test_flaky\[as run\]$",
                      out, re.M), out
     assert re.search(r"^run 3: stopped at the timeout after [\d.]+ min: no pytest summary$", out, re.M), out
-    assert "1 of 3 runs passed" in out and "  tests/test_x.py::test_flaky: failed in 1 of 3 runs" in out, out
+    assert "1 of 3 runs passed" in out and "  tests/test_x.py::test_flaky[as run]: failed in 1 of 3 runs" in out, out
     logs = [(tmp_path / "hunt" / f"run{n}.log").read_text() for n in (1, 2, 3)]
     assert all("busy loops: 2\n" in log for log in logs), logs
-    assert not psutil.pid_exists(int(sleeper.read_text())), "the hung run's processes outlived it"
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "while True: pass" in p.info["cmdline"]]
+    sleeper_pid, deadline = int(sleeper.read_text()), time.monotonic() + 5  # SIGKILL takes effect a moment later
+    while not _dead(sleeper_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _dead(sleeper_pid), "the hung run's processes outlived it"
+    ours = f"busy beside flake hunt {hunt.read_text().strip()}"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and ours in p.info["cmdline"]]
