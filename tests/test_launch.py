@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,6 +19,8 @@ import torch.distributed as dist
 from course_lib import WorkerError, WorkerTimeout, launch
 from course_lib import launcher as launch_module
 from course_lib.launcher import UnsendableResult, threads_per_rank
+
+from processes import alive
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -33,13 +34,6 @@ def wait_until(condition, timeout=10.0, every=0.05):
             return True
         time.sleep(every)
     return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def read_pids(folder: Path) -> list[int]:

@@ -4,12 +4,13 @@ import re
 import time
 
 import nbformat
-import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
 from course_lib import launcher
+
+from processes import alive
 
 CELL_FUNCTION = """\
 import os, torch, torch.distributed as dist
@@ -71,8 +72,7 @@ def test_kernel_interrupt_stops_every_worker(tmp_path):
             reply = client.get_shell_msg(timeout=30)
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-        gone = lambda pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # noqa: E731
-        assert all(gone(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

@@ -225,16 +225,6 @@ def test_each_pytest_worker_counts_its_tests_cpu_in_a_cgroup_of_its_own(tmp_path
     assert set(procs.parent.glob("course-tests-*")) <= cgroups_before  # the workers' went when they ended
 
 
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie: killed, and waiting only for whoever adopted it to collect its exit status."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_failed(tmp_path):
     """scripts/flake_hunt.py with a stand-in for the suite: a run that passes, one with a failed test, one
     that hangs. The busy loops run during each run and are gone after; the hung run is stopped, its
@@ -245,6 +235,7 @@ def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_fai
 
     import psutil
     import pytest
+    from processes import alive
 
     if not (REPO / ".git").exists():
         pytest.skip("the flake hunt clones this repository, and this copy of the course is not a git clone")
@@ -270,8 +261,8 @@ def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_fai
     logs = [(tmp_path / "hunt" / f"run{n}.log").read_text() for n in (1, 2, 3)]
     assert all("busy loops: 2\n" in log for log in logs), logs
     sleeper_pid, deadline = int(sleeper.read_text()), time.monotonic() + 5  # SIGKILL takes effect a moment later
-    while not _dead(sleeper_pid) and time.monotonic() < deadline:
+    while alive(sleeper_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _dead(sleeper_pid), "the hung run's processes outlived it"
+    assert not alive(sleeper_pid), "the hung run's processes outlived it"
     ours = f"busy beside flake hunt {hunt.read_text().strip()}"
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and ours in p.info["cmdline"]]
