@@ -5,7 +5,8 @@ the report names it. When a rank dies, its peers' sockets close at once and gloo
 "Connection closed by peer" on them; that error can reach the parent before the death does. So
 after such an error the parent watches the other ranks up to ``_FAILURE_GRACE_S`` longer and
 blames the rank that died or raised an error of its own, listing the others and saying which
-ranks had finished.
+ranks had finished. When the first error is the cause itself, a peer's lost connection that comes
+with it is not listed (whether it came in time is chance): the report is the same every time.
 """
 
 from __future__ import annotations
@@ -23,9 +24,14 @@ def _gather_failure(inbox, first: WorkerError) -> WorkerError:
     """The error to raise for a launch in which ``first`` arrived first: the cause, with every rank's fate."""
     error = _with_the_others(inbox, first)
     inbox.pending.discard(error.rank)
-    late = _what_is_waiting(inbox)
+    late, stopped = _what_is_waiting(inbox), set()
+    if not _lost_a_peer(error):
+        # The cause showed itself; a peer that lost its connection to it is its consequence, and whether
+        # that error came in before the peer was stopped is timing: the report says it was stopped.
+        stopped = {other.rank for other in late if _lost_a_peer(other)}
+        late = [other for other in late if other.rank not in stopped]
     failed = {error.rank} | {other.rank for other in [*error.also_failed, *late]}
-    finished = set(range(inbox.world_size)) - inbox.pending - failed
+    finished = set(range(inbox.world_size)) - inbox.pending - failed - stopped
     return error.with_every_rank(finished, late)
 
 
