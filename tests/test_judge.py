@@ -53,6 +53,42 @@ def test_a_rank_cannot_hide_its_peak_memory_by_resetting_the_high_water_mark():
     assert measured_growth("no-sampling") < 50 * 2**20
 
 
+LIMIT_SCRIPT = textwrap.dedent("""
+    import time
+    from course_lib.grading import Learner
+    from course_lib.launcher import MemoryLimitExceeded
+
+    def hold(megabytes, seconds):
+        import time, torch
+        block = torch.ones(megabytes * 2**20 // 4)  # touched: resident
+        time.sleep(seconds)
+        return block.numel()
+
+    learner = Learner(answers=(), setup="import torch")
+    for megabytes, seconds in (([0, 300], 500), ([0, 30], 0.5)):  # each rank's, against a limit of 100 MB
+        started = time.monotonic()
+        try:
+            learner.launch(hold, 2, rank_args=[(mb, seconds) for mb in megabytes], init_process_group=False,
+                           timeout=600, memory_limit=100 << 20)
+            print("finished")
+        except MemoryLimitExceeded as stopped:
+            print("stopped", stopped.rank, stopped.grown_bytes, stopped.limit_bytes, time.monotonic() - started)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory is measured on Linux only")
+def test_a_rank_past_the_memory_limit_stops_the_launch_at_once():
+    run = subprocess.run([sys.executable, "-c", LIMIT_SCRIPT], capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    stopped, under = run.stdout.strip().splitlines()[-2:]
+    # Rank 1 holds 300 MB for 500 s against a limit of 100 MB: stopped long before (this test's own limit
+    # is 240 s), whatever the machine's load, and blamed; rank 0 holds nothing.
+    assert stopped.split()[:2] == ["stopped", "1"], run.stdout
+    assert int(stopped.split()[2]) > 100 << 20 and int(stopped.split()[3]) == 100 << 20
+    # Under the limit, the same launch runs to its end.
+    assert under == "finished", run.stdout
+
+
 BYTES_SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     from course_lib.grading import Learner

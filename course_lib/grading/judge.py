@@ -227,7 +227,7 @@ class Learner:
     # ----- running the learner's code
     def launch(self, fn, world_size: int, args=(), kwargs=None, *, rank_args=None, timeout: float = 30,
                measure: bool = False, startup_timeout: float = 60, init_process_group: bool = True,
-               show_output: bool = False, shared=()):
+               show_output: bool = False, shared=(), memory_limit: int | None = None):
         """Run the check's ``fn(*args, *rank_args[rank])`` on ``world_size`` fresh ranks that hold the
         learner's cells.
 
@@ -248,13 +248,18 @@ class Learner:
         holds the other end of, and ``sent_to_others`` those that reached ends no rank holds (a helper's),
         read from the kernel's socket table (course_lib.grading.tcp_flows): what a communication pattern
         leaves behind, whatever code in the rank says it ran.
+        ``memory_limit``: bytes a rank's memory may grow from its start, counted as ``peak_rss_bytes``
+        counts it (its helpers and files included), read from outside every 10 ms. Past them, every rank
+        is stopped at once and ``MemoryLimitExceeded`` (course_lib.launcher) is raised: a run that holds
+        too much fails as soon as it does, not later or by a cell's timeout, however slow the rest of it
+        would have been.
         """
         if self.inert:
             raise RuntimeError("learner.launch runs in the judge, not on the learner side")
         kwargs = {} if kwargs is None else kwargs
         if rank_args is not None and len(rank_args) != world_size:
             raise ValueError(f"rank_args has {len(rank_args)} entries for {world_size} ranks")
-        judged = launcher._Judged(prelude=self.prelude(), counts_bytes=measure)
+        judged = launcher._Judged(prelude=self.prelude(), counts_bytes=measure, memory_limit=memory_limit)
         if self.grading and _state["sandboxed"]:
             judged.sandbox = self.sandbox()
             judged.environment = _learner_environment()

@@ -25,7 +25,7 @@ The life of one launch, and the module of each step (start reading at launching.
 """
 
 from .devices import available_cpus, choose_backend, rank_device, rank_gpu, threads_per_rank
-from .errors import LaunchError, MeasurementRefused, UnsendableResult, WorkerError
+from .errors import LaunchError, MeasurementRefused, MemoryLimitExceeded, UnsendableResult, WorkerError
 from .launching import launch
 from .live import report_progress
 from .reports import RankWhereabouts, WorkerTimeout

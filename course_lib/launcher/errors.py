@@ -68,5 +68,16 @@ class UnsendableResult(WorkerError, TypeError):
     """A rank's return value could not be pickled back to the notebook."""
 
 
+class MemoryLimitExceeded(WorkerError):
+    """A judged launch stopped because a rank's memory grew past the check's limit (see
+    course_lib.grading.Learner.launch): ``grown_bytes``, what it had grown by when every rank was
+    stopped, read from outside it; ``limit_bytes``, the limit."""
+
+    def __init__(self, rank, grown_bytes, limit_bytes, world_size):
+        self.grown_bytes, self.limit_bytes = grown_bytes, limit_bytes
+        super().__init__(rank, "MemoryLimitExceeded", f"its memory grew by {grown_bytes} bytes, past the check's "
+                         f"limit of {limit_bytes}, and every rank was stopped there", "", world_size)
+
+
 class MeasurementRefused(LaunchError):
     """A judged launch whose measurements show bytes that did not go where the rules count them."""

@@ -41,6 +41,7 @@ class _Meter:
         self.world_size = len(procs)
         self.sandbox = judged.sandbox if judged is not None else None
         self.counts_bytes = judged is not None and judged.counts_bytes
+        self.memory_limit = judged.memory_limit if judged is not None else None
         self.drains = [list(drains[3 * r:3 * r + 3]) for r in range(len(procs))] if drains else None
         self.loopback_before = loopback_before
         self.started_at = time.time()
@@ -84,6 +85,19 @@ class _Meter:
             self.stash_peak = max(self.stash_peak, self.sandbox.memory_outside_processes(inside) - self.stash_before)
             self._helpers_sampled = time.monotonic()
             self._helpers_interval = max(0.25, 4 * (self._helpers_sampled - now))
+
+    def over_memory_limit(self):
+        """(rank, bytes grown) of a rank whose memory, as sampled so far, has grown past the launch's
+        limit, else None. Grown as ``measure`` counts it (helpers and files included), from samples that
+        the final peak is never below: a launch stopped here would have failed the limit at its end."""
+        if self.memory_limit is None:
+            return None
+        elsewhere = self.helper_peak + self.stash_peak
+        for rank, start in sorted(self.start_rss.items()):
+            grown = self.sampled_rss[rank] - start + elsewhere
+            if start and grown > self.memory_limit:
+                return rank, grown
+        return None
 
     def measure_all(self) -> list:
         """Every rank measured at once, as all of them wait to be released (see measure)."""

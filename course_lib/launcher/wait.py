@@ -27,7 +27,7 @@ from multiprocessing.connection import wait as wait_for_any
 
 import cloudpickle
 
-from .errors import UnsendableResult, WorkerError
+from .errors import MemoryLimitExceeded, UnsendableResult, WorkerError
 from .failures import _gather_failure
 from .measuring import _MEMORY_SAMPLE_SECONDS, _Meter
 from .protocol import (_RESULT_BASELINE, _RESULT_ERROR, _RESULT_STARTED, _RESULT_UNSENDABLE, _load_data,
@@ -75,6 +75,9 @@ class _Waiter:
         if self.sandbox is not None and self.sandbox.ended_because:
             raise WorkerError(min(self.inbox.pending), "SandboxLimit", f"the submission's sandbox was ended: "
                               f"{self.sandbox.ended_because}", "", self.world_size)
+        over = self.meter.over_memory_limit()
+        if over is not None:  # stopped now: how long the rest would take must not decide what is reported
+            raise MemoryLimitExceeded(*over, self.meter.memory_limit, self.world_size)
 
     def _stop_if_past(self, clock):
         """Past a time limit: every unfinished rank's stack, in a WorkerTimeout."""
