@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -34,6 +35,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY_LINE = re.compile(r"^=+ .*\b(passed|failed|error|errors|skipped)\b.* in [\d.]+s.* =+$")
 FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$")  # a test id may hold spaces: "[as run]"
+
+
+class _Sigterm:
+    """`kill` of this script (not only Ctrl-C) must end the running suite and the busy loops too: the
+    handler raises SystemExit, which runs the finally blocks that stop them (the default SIGTERM death
+    skips them). Inside ``deferred()``, which starts what such a block must stop, a SIGTERM waits until
+    the block's end, when what it started is known to that finally block."""
+
+    held = False
+    pending: int | None = None
+
+    @classmethod
+    def install(cls) -> None:
+        signal.signal(signal.SIGTERM, cls._handle)
+
+    @classmethod
+    def _handle(cls, signum, frame) -> None:
+        if cls.held:
+            cls.pending = signum
+        else:
+            sys.exit(f"flake hunt stopped by signal {signum}")
+
+    @classmethod
+    @contextlib.contextmanager
+    def deferred(cls):
+        cls.held = True
+        try:
+            yield
+        finally:
+            cls.held = False
+            if cls.pending is not None:
+                sys.exit(f"flake hunt stopped by signal {cls.pending}")
 
 
 def start_busy_loops(count: int) -> list[subprocess.Popen]:
@@ -54,18 +87,19 @@ def run_once(command: str, clone: Path, log: Path, timeout_s: float) -> tuple[in
     None if it was stopped at the timeout, minutes)."""
     started = time.monotonic()
     with open(log, "wb") as out:
-        process = subprocess.Popen(["bash", "-c", command], cwd=clone, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        process = None
         try:
+            with _Sigterm.deferred():
+                process = subprocess.Popen(["bash", "-c", command], cwd=clone, stdout=out,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             code = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = None
         finally:  # the suite's own workers, kernels and browsers go with it
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+            if process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
     return code, (time.monotonic() - started) / 60
 
 
@@ -88,6 +122,7 @@ def main(argv: list[str]) -> int:
     if options.runs < 1 or options.busy < 0:
         parser.error("--runs must be 1 or more and --busy 0 or more")
 
+    _Sigterm.install()
     keep = options.keep or Path(tempfile.mkdtemp(prefix="flake-hunt-"))
     keep.mkdir(parents=True, exist_ok=True)
     clone = keep / "clone"
@@ -104,8 +139,10 @@ def main(argv: list[str]) -> int:
         if number > 1:  # the same files as the first run, its installed environment kept
             subprocess.run(["git", "clean", "-xdfq", "-e", ".venv"], cwd=clone, check=True)
         log = keep / f"run{number}.log"
-        busy = start_busy_loops(options.busy)
+        busy = []
         try:
+            with _Sigterm.deferred():
+                busy += start_busy_loops(options.busy)
             code, minutes = run_once(options.command, clone, log, options.run_timeout_min * 60)
         finally:
             stop(busy)

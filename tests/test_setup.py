@@ -266,3 +266,36 @@ def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_fai
     assert not alive(sleeper_pid), "the hung run's processes outlived it"
     ours = f"busy beside flake hunt {hunt.read_text().strip()}"
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and ours in p.info["cmdline"]]
+
+
+def test_a_flake_hunt_stopped_by_kill_leaves_no_run_or_busy_loop_behind(tmp_path):
+    """`kill` of scripts/flake_hunt.py during a run: the run's processes and the busy loops end with it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import pytest
+    from processes import alive
+
+    if not (REPO / ".git").exists():
+        pytest.skip("the flake hunt clones this repository, and this copy of the course is not a git clone")
+    sleeper = tmp_path / "sleeper.pid"
+    hunt = subprocess.Popen([sys.executable, REPO / "scripts" / "flake_hunt.py", "--runs", "2", "--busy", "2",
+                             "--command", 'sleep 300 & echo $! > "$SLEEPER"; wait', "--keep", tmp_path / "hunt"],
+                            env=dict(os.environ, SLEEPER=str(sleeper)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not (sleeper.exists() and sleeper.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sleeper_pid = int(sleeper.read_text())
+    hunt.send_signal(signal.SIGTERM)
+    out, _ = hunt.communicate(timeout=30)
+    assert hunt.returncode == 1 and "flake hunt stopped by signal 15" in out, out
+    deadline = time.monotonic() + 5  # SIGKILL takes effect a moment later
+    while alive(sleeper_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(sleeper_pid), "the run's processes outlived the hunt"
+    ours = f"busy beside flake hunt {hunt.pid}"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and ours in p.info["cmdline"]]
