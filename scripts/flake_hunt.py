@@ -52,10 +52,9 @@ class _Sigterm:
 
     @classmethod
     def _handle(cls, signum, frame) -> None:
-        if cls.held:
-            cls.pending = signum
-        else:
-            sys.exit(f"flake hunt stopped by signal {signum}")
+        cls.pending = signum
+        if not cls.held:
+            cls._exit()
 
     @classmethod
     @contextlib.contextmanager
@@ -66,7 +65,11 @@ class _Sigterm:
         finally:
             cls.held = False
             if cls.pending is not None:
-                sys.exit(f"flake hunt stopped by signal {cls.pending}")
+                cls._exit()
+
+    @classmethod
+    def _exit(cls) -> None:
+        sys.exit(f"flake hunt stopped by signal {cls.pending}")
 
 
 def start_busy_loops(count: int) -> list[subprocess.Popen]:

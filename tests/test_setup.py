@@ -225,20 +225,36 @@ def test_each_pytest_worker_counts_its_tests_cpu_in_a_cgroup_of_its_own(tmp_path
     assert set(procs.parent.glob("course-tests-*")) <= cgroups_before  # the workers' went when they ended
 
 
+def skip_unless_a_git_clone():
+    import pytest
+
+    if not (REPO / ".git").exists():
+        pytest.skip("the flake hunt clones this repository, and this copy of the course is not a git clone")
+
+
+def assert_the_hunt_left_nothing(run_pid: int, hunt_pid: int, what: str) -> None:
+    """The run's process (``run_pid``) and the hunt's busy loops are gone once the hunt has ended."""
+    import time
+
+    import psutil
+    from processes import alive
+
+    deadline = time.monotonic() + 5  # SIGKILL takes effect a moment later
+    while alive(run_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(run_pid), what
+    ours = f"busy beside flake hunt {hunt_pid}"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and ours in p.info["cmdline"]]
+
+
 def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_failed(tmp_path):
     """scripts/flake_hunt.py with a stand-in for the suite: a run that passes, one with a failed test, one
     that hangs. The busy loops run during each run and are gone after; the hung run is stopped, its
     processes too; the failed test is listed with how often it failed."""
     import subprocess
     import sys
-    import time
 
-    import psutil
-    import pytest
-    from processes import alive
-
-    if not (REPO / ".git").exists():
-        pytest.skip("the flake hunt clones this repository, and this copy of the course is not a git clone")
+    skip_unless_a_git_clone()
     counter, sleeper, hunt = tmp_path / "runs", tmp_path / "sleeper.pid", tmp_path / "hunt.pid"
     stand_in = (
         'n=$(( $(cat "$COUNTER" 2>/dev/null || echo 0) + 1 )); echo $n > "$COUNTER"\n'
@@ -260,12 +276,7 @@ def test_the_flake_hunt_runs_each_time_beside_busy_loops_and_lists_what_ever_fai
     assert "1 of 3 runs passed" in out and "  tests/test_x.py::test_flaky[as run]: failed in 1 of 3 runs" in out, out
     logs = [(tmp_path / "hunt" / f"run{n}.log").read_text() for n in (1, 2, 3)]
     assert all("busy loops: 2\n" in log for log in logs), logs
-    sleeper_pid, deadline = int(sleeper.read_text()), time.monotonic() + 5  # SIGKILL takes effect a moment later
-    while alive(sleeper_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(sleeper_pid), "the hung run's processes outlived it"
-    ours = f"busy beside flake hunt {hunt.read_text().strip()}"
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and ours in p.info["cmdline"]]
+    assert_the_hunt_left_nothing(int(sleeper.read_text()), int(hunt.read_text()), "the hung run's processes outlived it")
 
 
 def test_a_flake_hunt_stopped_by_kill_leaves_no_run_or_busy_loop_behind(tmp_path):
@@ -275,12 +286,7 @@ def test_a_flake_hunt_stopped_by_kill_leaves_no_run_or_busy_loop_behind(tmp_path
     import sys
     import time
 
-    import psutil
-    import pytest
-    from processes import alive
-
-    if not (REPO / ".git").exists():
-        pytest.skip("the flake hunt clones this repository, and this copy of the course is not a git clone")
+    skip_unless_a_git_clone()
     sleeper = tmp_path / "sleeper.pid"
     hunt = subprocess.Popen([sys.executable, REPO / "scripts" / "flake_hunt.py", "--runs", "2", "--busy", "2",
                              "--command", 'sleep 300 & echo $! > "$SLEEPER"; wait', "--keep", tmp_path / "hunt"],
@@ -289,13 +295,7 @@ def test_a_flake_hunt_stopped_by_kill_leaves_no_run_or_busy_loop_behind(tmp_path
     deadline = time.monotonic() + 60
     while not (sleeper.exists() and sleeper.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    sleeper_pid = int(sleeper.read_text())
     hunt.send_signal(signal.SIGTERM)
     out, _ = hunt.communicate(timeout=30)
     assert hunt.returncode == 1 and "flake hunt stopped by signal 15" in out, out
-    deadline = time.monotonic() + 5  # SIGKILL takes effect a moment later
-    while alive(sleeper_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(sleeper_pid), "the run's processes outlived the hunt"
-    ours = f"busy beside flake hunt {hunt.pid}"
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and ours in p.info["cmdline"]]
+    assert_the_hunt_left_nothing(int(sleeper.read_text()), hunt.pid, "the run's processes outlived the hunt")
