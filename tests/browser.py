@@ -249,6 +249,15 @@ def _run_all(page) -> None:
     page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click(timeout=30_000)
 
 
+def _run_all_stopped_at_an_error(cells: list[dict], done: list[bool]) -> bool:
+    """JupyterLab's Run All stops at a cell that raises and takes the queued cells' [*] away: the
+    cells after it never run, which is not a hang of the next one (and waiting for it would be)."""
+    if False not in done or done.index(False) == 0:
+        return False
+    failed = cells[done.index(False) - 1]
+    return failed["errors"] > 0 and not any(c["prompt"].strip() == "[*]:" for c in cells)
+
+
 def _kernel_idle(page) -> bool:
     status = page.locator(".jp-Notebook-ExecutionIndicator, .jp-KernelStatus").first
     with contextlib.suppress(Exception):
@@ -290,7 +299,7 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     page.evaluate(_WATCH_PROGRESS)
     _run_all(page)
     deadline = time.monotonic() + timeout_s
-    cells, last, progressed = [], None, time.monotonic()
+    cells, last, progressed, stopped_polls = [], None, time.monotonic(), 0
     while time.monotonic() < deadline:
         time.sleep(1)
         cells = page.evaluate(_READ_PAGE)
@@ -298,6 +307,12 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
             run.live_view_seen = True
         done = [bool(re.fullmatch(r"\[\d+\]:", c["prompt"].strip())) for c in cells]
         if done and all(done) and _kernel_idle(page):
+            break
+        stopped_polls = stopped_polls + 1 if _run_all_stopped_at_an_error(cells, done) and _kernel_idle(page) else 0
+        if stopped_polls >= 3:  # the same for 3 s: not a moment between two cells
+            failed = done.index(False) - 1
+            run.problems.append(f"code cell {failed} ended in an error, so Run All stopped there "
+                                f"({len(done) - failed - 1} code cells after it did not run)")
             break
         if done != last:  # a cell finished (or Run All queued them all): the kernel is not stuck
             last, progressed = done, time.monotonic()

@@ -118,6 +118,9 @@ def _broken_notebook(folder: Path) -> str:
         # outputs nbval does not compare: a check stored here may be one this machine does not make
         nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint('2 processes not checked: 2 cores busy')",
                                   outputs=[stored_check]),
+        # Run All stops at an error: the cell after it never runs, which must not be reported as a hang
+        nbformat.v4.new_code_cell("raise ValueError('a bug the lesson does not expect')"),
+        nbformat.v4.new_code_cell("print('never runs')"),
     ]
     for count, cell in enumerate(cells, start=1):
         cell.execution_count = count  # stored as run, so its outputs are compared
@@ -135,13 +138,15 @@ def test_the_browser_check_catches_a_broken_notebook(tmp_path, page):
         run = run_notebook(page, server, name, stored, None, timeout_s=120, explorer_wait_s=10,
                            compare_with=Path(committed), sanitize_file=REPO / "nbval_sanitize.cfg")
     found = "\n".join(run.problems)
+    assert "code cell 8 ended in an error, so Run All stopped there (1 code cells after it did not run)" in found, found
+    assert "did not finish" not in found, found
     assert "code cell 0: its outputs differ from the stored ones" in found, found
     assert "FAILED the sum" in found.split("code cell 0:")[1], found  # the diff shows what the run printed
     assert "a check failed: \u2718 FAILED the sum" in found, found
     assert "passed checks on the page differ from the stored notebook's in 1 compared code cells" in found, found
     assert "code cell 0: 0 on the page, 1 stored" in found, found
     assert "code cell 7" not in found, found  # its outputs, checks included, are not compared
-    assert "stderr or error output in code cells [1]" in found, found
+    assert "stderr or error output in code cells [1, 8]" in found, found
     assert "0 figures rendered as images on the page, 1 in the stored notebook" in found, found
     assert "progress bars were still showing after the run" in found, found
     assert "slider 0 moved ('0' to '1') but its explorer did not redraw" in found, found
