@@ -249,13 +249,16 @@ def _run_all(page) -> None:
     page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click(timeout=30_000)
 
 
-def _run_all_stopped_at_an_error(cells: list[dict], done: list[bool]) -> bool:
+def _cell_run_all_stopped_at(cells: list[dict], done: list[bool]) -> int | None:
     """JupyterLab's Run All stops at a cell that raises and takes the queued cells' [*] away: the
-    cells after it never run, which is not a hang of the next one (and waiting for it would be)."""
+    cells after it never run, which is not a hang of the next one (and waiting for it would be).
+    The index of the cell that raised, or None while Run All goes on."""
     if False not in done or done.index(False) == 0:
-        return False
-    failed = cells[done.index(False) - 1]
-    return failed["errors"] > 0 and not any(c["prompt"].strip() == "[*]:" for c in cells)
+        return None
+    failed = done.index(False) - 1
+    if cells[failed]["errors"] > 0 and not any(c["prompt"].strip() == "[*]:" for c in cells):
+        return failed
+    return None
 
 
 def _kernel_idle(page) -> bool:
@@ -308,9 +311,9 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
         done = [bool(re.fullmatch(r"\[\d+\]:", c["prompt"].strip())) for c in cells]
         if done and all(done) and _kernel_idle(page):
             break
-        stopped_polls = stopped_polls + 1 if _run_all_stopped_at_an_error(cells, done) and _kernel_idle(page) else 0
+        failed = _cell_run_all_stopped_at(cells, done)
+        stopped_polls = stopped_polls + 1 if failed is not None and _kernel_idle(page) else 0
         if stopped_polls >= 3:  # the same for 3 s: not a moment between two cells
-            failed = done.index(False) - 1
             run.problems.append(f"code cell {failed} ended in an error, so Run All stopped there "
                                 f"({len(done) - failed - 1} code cells after it did not run)")
             break
