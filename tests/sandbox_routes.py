@@ -18,8 +18,8 @@ import torch.distributed as dist  # noqa: E402
 os.environ["COURSE_GRADING"] = "1"
 os.environ["INSTRUCTOR_API_TOKEN"] = "secret-token-of-the-instructor"
 
-from course_lib import launcher  # noqa: E402
 from course_lib.grading import judge  # noqa: E402
+from course_lib.grading import sandbox as sandbox_module  # noqa: E402
 
 judge.become_judge()
 SETUP = "import os, sys, time, socket, subprocess\nimport torch\nimport torch.distributed as dist"
@@ -31,7 +31,7 @@ def outcome(name, fn, *args, **kwargs):
     try:
         value = fn(*args, **kwargs)
         outcomes[name] = {"ok": True, "value": value}
-    except launcher.LaunchError as exc:
+    except Exception as exc:  # noqa: BLE001 - a LaunchError, or whatever else the judge raised: reported
         outcomes[name] = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:600]}
     print(json.dumps({name: outcomes[name]}, default=str), flush=True)
 
@@ -60,6 +60,10 @@ def looks_around(host_port, solutions, classmate):
     except OSError as exc:
         found["host_port"] = f"refused: {exc.strerror or exc}"
     found["environment_token"] = os.environ.get("INSTRUCTOR_API_TOKEN")
+    import multiprocessing
+
+    found["authkey"] = bytes(multiprocessing.current_process().authkey).hex()  # multiprocessing's secret
+    found["argv"] = sys.argv
     try:
         os.kill(os.getppid(), 0)
         found["signal_parent"] = "allowed (inside the sandbox)"
@@ -71,6 +75,7 @@ def looks_around(host_port, solutions, classmate):
 outcome("looks_around", learner.call, looks_around, HOST_PORT, SOLUTIONS, secret_dir)
 # How this judge made its sandbox: as root with cgroups, or as an ordinary user with RLIMIT_NPROC.
 outcomes["judge"] = {"euid": os.geteuid(), "cgroups": learner.sandbox().cgroups is not None}
+JUDGES = {"authkey": bytes(__import__("multiprocessing").current_process().authkey).hex(), "argv": sys.argv}
 
 
 def leaves_a_daemon(marker):
@@ -283,6 +288,24 @@ def rank_inputs(mine):
 outcome("frames", learner.launch, rank_inputs, 3, rank_args=[(torch.full((4,), 10.0 ** r),) for r in range(3)])
 
 
+TRACKER_MARKER = "a-line-from-the-learner-side"
+
+
+def writes_to_the_resource_tracker(marker):
+    # multiprocessing hands every process it starts the pipe to a "resource tracker": a process that unlinks the
+    # shared memory a program leaves behind when it ends. The judge's runs outside, as the judge: a line that
+    # reached it would have it unlink a file of the host's /dev/shm, print on the judge's stderr, or hold a line
+    # that never ends in its memory. Here: a line naming a kind it does not know, which it would print.
+    from multiprocessing import resource_tracker
+
+    fd = resource_tracker._resource_tracker._fd
+    os.write(fd, f"REGISTER:{marker}:no-such-kind\n".encode())
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+outcome("resource_tracker", learner.launch, writes_to_the_resource_tracker, 2, args=(TRACKER_MARKER,))
+
+
 def ranks_apart(shared):
     # Rank 1 leaves its secret everywhere it can; rank 0 looks for it everywhere (each rank's pid and
     # folder travel over the process group, a real collective). What rank 0 found, by route.
@@ -423,4 +446,70 @@ def makes_many_files(n):
 outcome("many_files", learner.call, makes_many_files, 20_000, timeout=60)
 outcomes["many_files_watch"] = dict(box.watch, ended_because=box.ended_because)  # what the watchdog saw
 learner.end_sandbox()
-print("ALL " + json.dumps(outcomes, default=str), flush=True)
+
+
+# ---- processes left spinning: with the kernel's autogroups, each in a session of its own weighs as much as the
+# whole judge, so a hundred would leave it (and every submission graded beside it) a hundredth of the machine
+SPINNERS = """
+import os, sys
+go_r, go_w = os.pipe()
+for _ in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        os.close(go_w)
+        os.setsid()
+        os.read(go_r, 1)  # every one forked first, then all spin
+        while True:
+            pass
+os.close(go_w)
+"""
+
+
+def spins_everywhere(n):
+    # From a bare Python (no torch in its memory, which a watchdog that adds up resident sizes would count
+    # once per fork), as the fork bomb above.
+    import subprocess
+
+    subprocess.run([sys.executable, "-S", "-c", SPINNERS, str(n)], check=True, timeout=50)
+    return n
+
+
+def judges_work_seconds():
+    """The median wall time of a fixed piece of the judge's work (about 0.1 CPU-seconds)."""
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        sum(range(2_000_000))
+        times.append(time.perf_counter() - start)
+    return sorted(times)[2]
+
+
+box = learner.sandbox()
+outcomes["judge_beside_spinners"] = {"weighs_as_one": box.cgroups is not None and box.cgroups.weighs_as_one_process()}
+if outcomes["judge_beside_spinners"]["weighs_as_one"]:  # else nothing holds them: the test says so and skips
+    learner.call(os.getpid)
+    alone = judges_work_seconds()
+    outcome("spinners", learner.call, spins_everywhere, 100)
+    outcomes["judge_beside_spinners"].update(alone_s=alone, beside_s=judges_work_seconds())
+    print(json.dumps({"judge_beside_spinners": outcomes["judge_beside_spinners"]}), flush=True)
+learner.end_sandbox()
+
+
+# ---- a launch server that has died (the OOM killer picks the biggest process in a sandbox: the server, which
+# holds torch, when a submission spreads its memory over many smaller ones)
+def judges_children():
+    return {int(pid) for task in os.listdir("/proc/self/task")
+            for pid in open(f"/proc/self/task/{task}/children").read().split()}
+
+
+box = learner.sandbox()
+learner.call(os.getpid)
+before = judges_children()
+os.kill(next(outside for outside, inside in box._inside_pids().items() if inside == 2), 9)
+deadline = time.monotonic() + 30
+while not sandbox_module._has_exited(box.pid) and time.monotonic() < deadline:
+    time.sleep(0.05)
+outcome("after_the_server_died", learner.call, looks_around, HOST_PORT, SOLUTIONS, secret_dir)
+outcomes["started_outside"] = sorted(open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:200]
+                                     for pid in judges_children() - before if os.path.exists(f"/proc/{pid}"))
+learner.end_sandbox()
+print("ALL " + json.dumps(outcomes | {"judges_own": JUDGES}, default=str), flush=True)

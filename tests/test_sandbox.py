@@ -25,7 +25,7 @@ def routes(request):
     """Every route, by a judge running as these tests do (in CI: root, with cgroups) and, when that is
     root, again as an ordinary user with 1,100 threads of its own running (tests/ordinary_user.py):
     no cgroups there, the process limit is RLIMIT_NPROC and memory the judge's watchdog."""
-    command = [sys.executable, str(REPO / "tests" / "sandbox_routes.py")]
+    command = [sys.executable, str(REPO / "tests" / "sandbox_routes.py"), "an-argument-of-the-judges"]
     if request.param == "as an ordinary user":
         if os.geteuid() != 0:
             pytest.skip("these tests already run as an ordinary user (the 'as run' case)")
@@ -34,6 +34,7 @@ def routes(request):
     last = [line for line in run.stdout.splitlines() if line.startswith("ALL ")]
     assert run.returncode == 0 and last, run.stdout[-5000:] + run.stderr[-5000:]
     found = json.loads(last[-1][4:])
+    found["judge_stderr"] = run.stderr  # complete: every process holding the judge's stderr has ended
     as_root = os.geteuid() == 0 and request.param == "as run"
     assert found["judge"] == {"euid": 0 if as_root else found["judge"]["euid"], "cgroups": as_root}, found["judge"]
     assert as_root or found["judge"]["euid"] != 0
@@ -47,6 +48,9 @@ def test_the_learner_side_sees_nothing_of_the_host(routes):
     assert seen["solutions"].startswith("refused") and seen["classmate"].startswith("refused")
     assert seen["host_port"].startswith("refused")  # the judge kernel's ports: another network
     assert seen["environment_token"] is None  # the grader's environment stays with the grader
+    assert seen["authkey"] != routes["judges_own"]["authkey"]  # multiprocessing's key: each process its own
+    # The judge's program, not its arguments (a kernel's name its connection file):
+    assert seen["argv"] == routes["judges_own"]["argv"][:1] != routes["judges_own"]["argv"]
     assert seen["tmp"] != "refused" and not any(name.startswith("classmate") for name in seen["tmp"])
 
 
@@ -124,6 +128,32 @@ def test_the_bytes_between_ranks_are_read_from_outside_per_pair(routes):
 
 def test_each_rank_holds_only_its_own_input(routes):
     assert routes["frames"]["value"] == [[4.0], [40.0], [400.0]]
+
+
+def test_nothing_the_learner_side_writes_reaches_the_judges_resource_tracker(routes):
+    """Python's multiprocessing gives each process it starts the pipe to its starter's resource tracker; the
+    ranks get a pipe that leads nowhere instead (a line written to the judge's would make it print here)."""
+    assert routes["resource_tracker"]["ok"], routes["resource_tracker"]
+    assert "a-line-from-the-learner-side" not in routes["judge_stderr"], routes["resource_tracker"]
+
+
+def test_a_sandbox_whose_launch_server_died_starts_nothing_outside(routes):
+    """Python's forkserver starts a new server when the last one exited, with the plain interpreter: outside
+    the sandbox, as the judge. The sandbox's server is started once; after it, a launch says the sandbox ended."""
+    died = routes["after_the_server_died"]
+    assert routes["started_outside"] == [], died
+    assert not died["ok"] and "the learner side's sandbox has ended" in died["message"], died
+
+
+def test_processes_left_spinning_in_a_sandbox_do_not_starve_the_judge(routes):
+    """A hundred processes spinning in the sandbox, each in a session (an autogroup) of its own: the judge's
+    work takes about as long as without them (measured side by side: a ratio, not a time)."""
+    found = routes["judge_beside_spinners"]
+    if not found["weighs_as_one"]:
+        pytest.skip("this judge has no CPU cgroup to put the sandbox's processes in (an ordinary user's judge "
+                    "never has one): there, processes a submission leaves spinning slow the judge down")
+    assert routes["spinners"]["ok"], routes["spinners"]
+    assert found["beside_s"] < 10 * found["alone_s"], found
 
 
 ESCAPE = REPO / "tests" / "submissions" / "01_collectives" / "wrong_escape_the_sandbox.ipynb"

@@ -43,10 +43,10 @@ def _sandbox_context(sandbox):
 
 
 def _start_server_inside(sandbox) -> None:
-    from multiprocessing import forkserver, resource_tracker, spawn
+    from multiprocessing import resource_tracker, spawn
 
     resource_tracker.ensure_running()  # the judge's own, outside: started before the swap below
-    server = forkserver.ForkServer()
+    server = _sandbox_fork_server_class()(sandbox)
     server.set_forkserver_preload(_SERVER_PRELOAD)
     plain = spawn.get_executable()
     try:
@@ -89,6 +89,65 @@ def _in_a_lasting_thread(start) -> None:
         raise failure
 
 
+def _sandbox_fork_server_class():
+    from multiprocessing import forkserver
+
+    class SandboxForkServer(forkserver.ForkServer):
+        """The sandbox's launch server: started once, inside, and never again.
+
+        CPython's ForkServer starts a new server whenever the last one has exited (the OOM killer
+        picked it, say), with the plain executable: that one would run outside the sandbox, as the
+        judge, and fork the next rank there. This one refuses instead. And every process CPython's
+        server forks is handed its starter's resource-tracker pipe: the judge's tracker, outside,
+        which unlinks what a line names in the host's /dev/shm and prints on the judge's stderr.
+        The ranks get a pipe to /dev/null in its place (what they create lives in the sandbox's
+        own /dev/shm, which ends with it)."""
+
+        def __init__(self, sandbox):
+            super().__init__()
+            self.sandbox = sandbox
+
+        def ensure_running(self):
+            if self._forkserver_pid is None:
+                return super().ensure_running()  # the first start, inside (see _start_server_inside)
+            exited = os.waitid(os.P_PID, self._forkserver_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if exited is not None:  # not reaped here: Sandbox.end waits for it
+                raise _sandbox_ended(self.sandbox)
+
+        def connect_to_new_process(self, fds):
+            nowhere = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                with _tracker_swap_lock:  # CPython reads forkserver.resource_tracker.getfd() in the call
+                    judges = forkserver.resource_tracker
+                    forkserver.resource_tracker = _TrackerLeadingNowhere(judges, nowhere)
+                    try:
+                        return super().connect_to_new_process(fds)
+                    finally:
+                        forkserver.resource_tracker = judges
+            finally:
+                os.close(nowhere)  # sent already: the rank has its own copy
+
+    return SandboxForkServer
+
+
+_tracker_swap_lock = threading.Lock()
+
+
+class _TrackerLeadingNowhere:
+    """multiprocessing.resource_tracker, but getfd() is a pipe to /dev/null (see SandboxForkServer).
+    Another thread starting the judge's own processes meanwhile would hand them /dev/null too:
+    harmless (their shared memory would go untracked), and never the other way round."""
+
+    def __init__(self, module, fd):
+        self._module, self._fd = module, fd
+
+    def getfd(self):
+        return self._fd
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
 class _SandboxProcess(mp.process.BaseProcess):
     """A worker started by a grading sandbox's own launch server (see _sandbox_context)."""
 
@@ -101,6 +160,8 @@ class _SandboxProcess(mp.process.BaseProcess):
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_sandbox", None)  # the judge's object, never the worker's
+        # The worker becomes this object (its current_process()): a key of its own, not the judge's.
+        state["_config"] = dict(state["_config"], authkey=mp.process.AuthenticationString(os.urandom(32)))
         return state
 
 
@@ -118,6 +179,8 @@ class _SandboxPopen(_sandbox_popen_class()):
         sandbox = process_obj._sandbox
         prep_data = spawn.get_preparation_data(process_obj._name)
         prep_data["dir"] = str(sandbox.scratch)  # the judge's folder does not exist inside
+        prep_data["authkey"] = os.urandom(32)  # the judge's own key (multiprocessing's) stays with the judge
+        prep_data["sys_argv"] = prep_data["sys_argv"][:1]  # a kernel's arguments name its connection file
         buf = io.BytesIO()
         set_spawning_popen(self)
         try:
@@ -125,9 +188,10 @@ class _SandboxPopen(_sandbox_popen_class()):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
-        if sandbox.server is None:
+        server = sandbox.server  # read once: Sandbox.end, in another thread, sets it to None
+        if server is None:
             raise _sandbox_ended(sandbox)
-        self.sentinel, w = sandbox.server.connect_to_new_process(self._fds)
+        self.sentinel, w = server.connect_to_new_process(self._fds)
         _parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
