@@ -178,6 +178,11 @@ STOPPED_BY = {
     ("03_ddp", "wrong_tamper_alone_padded_writes__local_hooks"): [
         "2 -> 4 ranks, stopped after 96 samples of epoch 1: the bytes rank 0 sent",
     ],
+    # Every rank computes the stopped job's whole global batches through DDP: the right weights, the right bytes
+    # (DDP all-reduces gradients every rank already has), but M times the forward passes each rank's share asks.
+    ("03_ddp", "wrong_every_rank_whole_global_batch"): [
+        "2 -> 4 ranks, stopped after 96 samples of epoch 1: the samples rank 0 ran forward: were 4.00 times its share",
+    ],
     # Every failure in an ExceptionGroup, but in the order the threads finished.
     ("02_data_parallel", "wrong_tensor_split_and_finishing_order"): [
         "replicas [2, 3] failing, finishing in the order [3, 1, 2, 0]: the replicas whose exceptions the group holds",
