@@ -206,6 +206,7 @@ _READ_PAGE = """() => {
     prompt: (cell.querySelector('.jp-InputPrompt') || {}).textContent || '',
     text: [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent).join('\\n'),
     stderr: cell.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
+    stderrText: [...cell.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]')].map(o => o.textContent).join('\\n'),
     errors: cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"] pre, .jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]').length,
     // figures a live widget draws (an explorer's current view) are not stored as images
     images: [...cell.querySelectorAll('.jp-OutputArea-output img')].filter(i => !i.closest('.jupyter-widgets'))
@@ -462,7 +463,10 @@ def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
                             "compared code cells" + "".join(f"\n  {line}" for line in where))
     stderr_cells = [i for i, c in enumerate(cells) if c["stderr"]]
     if stderr_cells:
-        run.problems.append(f"stderr or error output in code cells {stderr_cells}")
+        # What was written, not only where: stderr that shows once in many runs (a process of an earlier cell
+        # ending late, say) has to be read from the report of the run that saw it.
+        said = "".join(f"\n  code cell {i}: {cells[i]['stderrText'].strip()[:400]!r}" for i in stderr_cells)
+        run.problems.append(f"stderr or error output in code cells {stderr_cells}:{said}")
     images = [ok for c in cells for ok in c["images"]]
     if len(images) != stored.images or not all(images):
         run.problems.append(f"{sum(images)} figures rendered as images on the page, "

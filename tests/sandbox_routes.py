@@ -448,52 +448,6 @@ outcomes["many_files_watch"] = dict(box.watch, ended_because=box.ended_because) 
 learner.end_sandbox()
 
 
-# ---- processes left spinning: with the kernel's autogroups, each in a session of its own weighs as much as the
-# whole judge, so a hundred would leave it (and every submission graded beside it) a hundredth of the machine
-SPINNERS = """
-import os, sys
-go_r, go_w = os.pipe()
-for _ in range(int(sys.argv[1])):
-    if os.fork() == 0:
-        os.close(go_w)
-        os.setsid()
-        os.read(go_r, 1)  # every one forked first, then all spin
-        while True:
-            pass
-os.close(go_w)
-"""
-
-
-def spins_everywhere(n):
-    # From a bare Python (no torch in its memory, which a watchdog that adds up resident sizes would count
-    # once per fork), as the fork bomb above.
-    import subprocess
-
-    subprocess.run([sys.executable, "-S", "-c", SPINNERS, str(n)], check=True, timeout=50)
-    return n
-
-
-def judges_work_seconds():
-    """The median wall time of a fixed piece of the judge's work (about 0.1 CPU-seconds)."""
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        sum(range(2_000_000))
-        times.append(time.perf_counter() - start)
-    return sorted(times)[2]
-
-
-box = learner.sandbox()
-outcomes["judge_beside_spinners"] = {"weighs_as_one": box.cgroups is not None and box.cgroups.weighs_as_one_process()}
-if outcomes["judge_beside_spinners"]["weighs_as_one"]:  # else nothing holds them: the test says so and skips
-    learner.call(os.getpid)
-    alone = judges_work_seconds()
-    outcome("spinners", learner.call, spins_everywhere, 100)
-    outcomes["judge_beside_spinners"].update(alone_s=alone, beside_s=judges_work_seconds())
-    print(json.dumps({"judge_beside_spinners": outcomes["judge_beside_spinners"]}), flush=True)
-learner.end_sandbox()
-
-
 # ---- a launch server that has died (the OOM killer picks the biggest process in a sandbox: the server, which
 # holds torch, when a submission spreads its memory over many smaller ones)
 def judges_children():

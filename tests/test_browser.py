@@ -146,7 +146,9 @@ def test_the_browser_check_catches_a_broken_notebook(tmp_path, page):
     assert "passed checks on the page differ from the stored notebook's in 1 compared code cells" in found, found
     assert "code cell 0: 0 on the page, 1 stored" in found, found
     assert "code cell 7" not in found, found  # its outputs, checks included, are not compared
-    assert "stderr or error output in code cells [1, 8]" in found, found
+    assert "stderr or error output in code cells [1, 8]:" in found, found
+    said = found.split("stderr or error output in code cells [1, 8]:")[1]
+    assert "\n  code cell 1: " in said and "a deprecated call" in said, found  # what it said, not only where
     assert "0 figures rendered as images on the page, 1 in the stored notebook" in found, found
     assert "progress bars were still showing after the run" in found, found
     assert "slider 0 moved ('0' to '1') but its explorer did not redraw" in found, found

@@ -145,17 +145,6 @@ def test_a_sandbox_whose_launch_server_died_starts_nothing_outside(routes):
     assert not died["ok"] and "the learner side's sandbox has ended" in died["message"], died
 
 
-def test_processes_left_spinning_in_a_sandbox_do_not_starve_the_judge(routes):
-    """A hundred processes spinning in the sandbox, each in a session (an autogroup) of its own: the judge's
-    work takes about as long as without them (measured side by side: a ratio, not a time)."""
-    found = routes["judge_beside_spinners"]
-    if not found["weighs_as_one"]:
-        pytest.skip("this judge has no CPU cgroup to put the sandbox's processes in (an ordinary user's judge "
-                    "never has one): there, processes a submission leaves spinning slow the judge down")
-    assert routes["spinners"]["ok"], routes["spinners"]
-    assert found["beside_s"] < 10 * found["alone_s"], found
-
-
 ESCAPE = REPO / "tests" / "submissions" / "01_collectives" / "wrong_escape_the_sandbox.ipynb"
 
 

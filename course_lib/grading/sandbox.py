@@ -20,8 +20,6 @@ confines its applications with). Inside:
   watchdog in the judge that ends the sandbox), CPU seconds and file size per process, and what its
   ``/tmp`` and ``/dev/shm`` hold (bytes: the tmpfs's size; files: the watchdog). Nothing the
   learner side writes reaches the host's disk (the ranks write only below ``/tmp``: apart.py);
-* **its CPU weight** (a root grader, a CPU cgroup): all of its processes together weigh as much as
-  one of the judge's, however many sessions (autogroups) they make;
 * inside it, **each rank apart** from the others and from the launch server (course_lib.grading.apart:
   a Landlock domain of its own and a seccomp filter): what one rank knows reaches another only over TCP.
 
@@ -148,8 +146,7 @@ def sandbox_problem() -> str | None:
 # cgroups (root only): the limit on processes and memory for everything in the sandbox
 # --------------------------------------------------------------------------
 def _cgroup_roots() -> dict[str, Path] | None:
-    """Where a root grader can make the sandbox's cgroups: {"v2": root} or {"pids": .., "memory": ..}
-    (and "cpu" where that controller is writable too: see _Cgroups)."""
+    """Where a root grader can make the sandbox's cgroups: {"v2": root} or {"pids": .., "memory": ..}."""
     base = Path("/sys/fs/cgroup")
     controllers = base / "cgroup.controllers"
     if controllers.exists():
@@ -159,8 +156,7 @@ def _cgroup_roots() -> dict[str, Path] | None:
         return None
     roots = {name: _own_cgroup_v1(name) for name in ("pids", "memory")}
     if all(root is not None and os.access(root, os.W_OK) for root in roots.values()):
-        cpu = _own_cgroup_v1("cpu")
-        return roots | ({"cpu": cpu} if cpu is not None and os.access(cpu, os.W_OK) else {})
+        return roots
     return None
 
 
@@ -176,24 +172,15 @@ def _own_cgroup_v1(controller: str) -> Path | None:
 
 
 class _Cgroups:
-    """One sandbox's cgroups: created before it starts, joined by its first process, removed after.
-
-    Besides the limits, the CPU controller (where it can be had) makes every process of the sandbox
-    together weigh as much as one process of the judge's: a submission that leaves a thousand
-    processes spinning (each in a session of its own: with the kernel's autogroups, a thousand
-    groups) would otherwise leave the judge, and every other submission graded beside it, a
-    thousandth of the machine, and their cells would run past their time limits."""
+    """One sandbox's cgroups: created before it starts, joined by its first process, removed after."""
 
     def __init__(self, roots: dict[str, Path], memory_bytes: int, processes: int):
         name = f"{_name_prefix()}{uuid.uuid4().hex[:12]}"
         self.v2 = "v2" in roots
         self.dirs = [roots["v2"] / name] if self.v2 else [roots["pids"] / name, roots["memory"] / name]
-        if not self.v2 and "cpu" in roots:
-            self.dirs.append(roots["cpu"] / name)
         for folder in self.dirs:
             folder.mkdir()
         if self.v2:
-            _enable_cpu_controller(roots["v2"])
             (self.dirs[0] / "pids.max").write_text(str(processes))
             (self.dirs[0] / "memory.max").write_text(str(memory_bytes))
             with contextlib.suppress(OSError):
@@ -201,12 +188,6 @@ class _Cgroups:
         else:
             (self.dirs[0] / "pids.max").write_text(str(processes))
             (self.dirs[1] / "memory.limit_in_bytes").write_text(str(memory_bytes))
-
-    def weighs_as_one_process(self) -> bool:
-        """Whether the sandbox's processes share the CPU as one process of the judge's would."""
-        if self.v2:
-            return (self.dirs[0] / "cpu.weight").exists()
-        return len(self.dirs) == 3
 
     def join_command(self) -> str:
         """Shell lines that move the shell (soon bwrap, by exec) into the cgroups."""
@@ -237,15 +218,6 @@ class _Cgroups:
                 if not folder.exists():
                     break
                 time.sleep(0.1)  # the last processes are still being reaped
-
-
-def _enable_cpu_controller(root: Path) -> None:
-    """cgroup v2: the CPU controller for the cgroups below ``root`` (the machine's, where the kernel
-    allows it at any time). Without it a sandbox still gets its limits, not its weight."""
-    control = root / "cgroup.subtree_control"
-    with contextlib.suppress(OSError):
-        if "cpu" not in control.read_text().split() and "cpu" in (root / "cgroup.controllers").read_text().split():
-            control.write_text("+cpu")
 
 
 # --------------------------------------------------------------------------
