@@ -6,6 +6,7 @@ route is code a submission could put in an answer cell; the judge's replies are 
 """
 
 import json
+import multiprocessing
 import os
 import socket
 import sys
@@ -60,8 +61,6 @@ def looks_around(host_port, solutions, classmate):
     except OSError as exc:
         found["host_port"] = f"refused: {exc.strerror or exc}"
     found["environment_token"] = os.environ.get("INSTRUCTOR_API_TOKEN")
-    import multiprocessing
-
     found["authkey"] = bytes(multiprocessing.current_process().authkey).hex()  # multiprocessing's secret
     found["argv"] = sys.argv
     try:
@@ -75,7 +74,7 @@ def looks_around(host_port, solutions, classmate):
 outcome("looks_around", learner.call, looks_around, HOST_PORT, SOLUTIONS, secret_dir)
 # How this judge made its sandbox: as root with cgroups, or as an ordinary user with RLIMIT_NPROC.
 outcomes["judge"] = {"euid": os.geteuid(), "cgroups": learner.sandbox().cgroups is not None}
-JUDGES = {"authkey": bytes(__import__("multiprocessing").current_process().authkey).hex(), "argv": sys.argv}
+JUDGES = {"authkey": bytes(multiprocessing.current_process().authkey).hex(), "argv": sys.argv}
 
 
 def leaves_a_daemon(marker):
