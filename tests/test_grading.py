@@ -95,6 +95,17 @@ def world_size_seen():
     return 3
 """
 
+# Answers that only raise, with errors the kernel cannot send to nbval: a lone surrogate in the message
+# (not encodable as UTF-8), an exception whose __str__ raises. nbval saw no error in the check cells they
+# reached; only the judge's sealed record of how each cell ended shows them (course_lib.grading.proof).
+UNSENDABLE_ERRORS = {
+    "sum_over_ranks": 'def sum_over_ranks():\n    raise ValueError("\\ud800")',
+    "share_from_rank0": ("class Unreadable(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n\n"
+                         "def share_from_rank0():\n    raise Unreadable()"),
+    "world_size_seen": 'def world_size_seen():\n    raise KeyError("\\udcff\\ud800")',
+    "double": 'def double(x):\n    raise ValueError("\\ud800" * 3)',
+}
+
 # student -> {notebook: expected points}; max is 6 (2 + 3 + 1) and 1.
 EXPECTED = {
     "alice": {COLLECTIVES: 6, BASICS: 1},     # everything right
@@ -105,6 +116,7 @@ EXPECTED = {
     "grace": {COLLECTIVES: 1, BASICS: 0},     # visible check passes, hidden fails; endless loop ignoring SIGINT
     "mallory": {COLLECTIVES: 2, BASICS: 0},   # one right answer; tampering and killing the judge for the others
     "trent": {COLLECTIVES: 0, BASICS: 0},     # a link to alice's notebook, a named pipe, feedback.txt a link
+    "oscar": {COLLECTIVES: 0, BASICS: 0},     # every answer raises an error the kernel cannot send to nbval
 }
 MAX = {COLLECTIVES: 6, BASICS: 1}
 
@@ -162,6 +174,9 @@ def make_class(folder: Path) -> None:
 
     write(folder, "mallory", COLLECTIVES, answered(COLLECTIVES, {
         **CORRECT, "share_from_rank0": TAMPER_CHECKS_CELL, "world_size_seen": KILL_JUDGE_CELL}))
+
+    write(folder, "oscar", COLLECTIVES, answered(COLLECTIVES, UNSENDABLE_ERRORS))
+    write(folder, "oscar", BASICS, answered(BASICS, UNSENDABLE_ERRORS))
 
     # Links survive `cp -r` (the instructors' guide collects with it): trent hands in alice's notebook
     # through one, and plants feedback.txt as a link to her other notebook, which writing the feedback
@@ -257,6 +272,14 @@ def test_feedback_says_what_passed_and_why_not(graded):
     grace = feedback(folder, "grace")
     assert "did not finish within" in grace  # a loop that ignores SIGINT never ran in the judge
     assert "tiny_basics.ipynb: 0 of 1 points" in grace and "no list of cells" in grace
+
+
+def test_a_pass_is_proven_an_error_nbval_never_saw_fails(graded):
+    folder, _, _ = graded
+    oscar = feedback(folder, "oscar")
+    assert "0 of 7 points" in oscar, oscar
+    assert oscar.count("FAILED") == 4 and "passed" not in oscar, oscar
+    assert "ValueError" in oscar and "KeyError" in oscar, oscar  # the judge's record names each error
 
 
 def test_tampering_never_reaches_the_judge(graded):
@@ -427,7 +450,8 @@ def test_a_sandbox_that_cannot_start_leaves_its_submission_not_graded_and_the_ot
     code_cells = sum(c.cell_type == "code" for c in merged.cells)
     outcomes = {n: grade.CellOutcome("passed") for n in range(code_cells)}
     outcomes[markers[1]] = grade.CellOutcome("failed", "RuntimeError")
-    records = {markers[1]: {"ename": "RuntimeError", "evalue": "the sandbox's first process is not in its cgroups"}}
+    records = {n: {"ename": None} for n in range(code_cells)}  # the judge's record: each ended without an error
+    records[markers[1]] = {"ename": "RuntimeError", "evalue": "the sandbox's first process is not in its cgroups"}
     run = grade.RunResult(outcomes, records, {})
     options = SimpleNamespace(cell_timeout=60, setup_timeout=600)
     assert grade.grader_setup_failure(run, places[0], reference, options) is None
@@ -536,13 +560,13 @@ def test_every_cell_that_crashes_the_judge_is_set_aside_and_the_rest_of_the_batc
                 outcomes[number] = grader.CellOutcome("failed", "Timeout of 5 seconds")
                 break  # no record: the kernel died here, and no later cell ran
             outcomes[number] = grader.CellOutcome("failed" if source.startswith("raise") else "passed")
-            records[number] = {"ename": "RuntimeError"} if source.startswith("raise") else {}
+            records[number] = {"ename": "RuntimeError" if source.startswith("raise") else None}
         runs.append(records)
         return True, [(outcomes, records)]
 
     monkeypatch.setattr(running, "run_pytest", judge_run)  # run_merged's module, where it looks them up
     monkeypatch.setattr(running, "read_verdicts", lambda lines: lines[0][0])
-    monkeypatch.setattr(running, "read_records", lambda path, sources: runs[-1])
+    monkeypatch.setattr(running, "read_records", lambda path, sources, secret: runs[-1])
     options = SimpleNamespace(cell_timeout=5, setup_timeout=5, secret="s", no_sandbox=False, run_id="t", jobs=1)
     result = grader.run_merged(notebook, tmp_path, options)
     assert sorted(result.replaced) == sorted(crashing)

@@ -34,13 +34,16 @@ import ast
 import contextlib
 import hashlib
 import io
+import json
 import os
 import sys
 
 from .. import launcher
+from . import proof
 from .dumpable import make_non_dumpable
 
-__all__ = ["Learner", "AnswerRef", "hidden_seed", "become_judge", "answer_cell", "next_submission", "in_grading"]
+__all__ = ["Learner", "AnswerRef", "hidden_seed", "become_judge", "record_cells", "answer_cell", "next_submission",
+           "in_grading"]
 
 _SEED_FILE_VARIABLE = "COURSE_GRADING_SEED_FILE"
 _GRADING_VARIABLE = "COURSE_GRADING"
@@ -67,6 +70,34 @@ def become_judge() -> None:
         with open(path, encoding="utf-8") as f:
             _state["secret"] = f.read().strip()
         os.remove(path)
+
+
+def record_cells(path: str) -> None:
+    """After every cell this kernel runs, write one sealed line to ``path``: which cell ran, and the
+    exception it ended with (type and message) or none. The grader scores from these lines, not from
+    what reached nbval (course_lib.grading.proof), and quotes the message without the traceback."""
+    secret = _state["secret"]
+    if not secret:
+        raise RuntimeError("the judge has no secret to seal its records with (become_judge read no seed file)")
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("record_cells runs in the judge's kernel")
+
+    def remember(result):
+        error = result.error_before_exec or result.error_in_exec
+        ename = None if error is None else type(error).__name__
+        try:
+            message = None if error is None else str(error)
+        except Exception:  # noqa: BLE001 - an exception whose __str__ raises is still an error
+            message = "(the exception's message could not be read)"
+        cell = proof.cell_key(result.info.raw_cell)
+        entry = {"cell": cell, "ename": ename, "evalue": message, "seal": proof.seal(secret, cell, ename)}
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(entry) + "\n")
+
+    shell.events.register("post_run_cell", remember)
 
 
 def in_grading() -> bool:

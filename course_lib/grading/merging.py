@@ -22,28 +22,16 @@ import nbformat
 from .exercises import make_exercise, read_notebook
 
 # Runs first in every graded notebook. The kernel becomes the judge (non-dumpable, its hidden
-# seed read from a file that is then deleted), and records each cell's exception (type and
-# message only) so the feedback can quote it without the traceback and its source lines.
+# seed read from a file that is then deleted), and writes after each cell a sealed line saying how the
+# cell ended (course_lib.grading.proof): a check passes only on that line, and the feedback quotes the
+# exception's type and message from it, without the traceback and its source lines.
 RECORDER_CELL = '''\
-# Added by the grader: this kernel is the judge; remember each cell's exception for the feedback.
+# Added by the grader: this kernel is the judge; it records how each cell ended.
 def _course_grader_setup():
-    import hashlib, json, os
+    import os
     import course_lib.grading.judge
     course_lib.grading.judge.become_judge()
-    path = os.environ.pop("COURSE_GRADER_RECORD", None)
-    if not path:
-        return
-    def remember(result):
-        error = result.error_before_exec or result.error_in_exec
-        try:
-            message = None if error is None else str(error)
-        except Exception:
-            message = "(the exception's message could not be read)"
-        entry = {"cell": hashlib.sha1(result.info.raw_cell.encode("utf-8", "replace")).hexdigest(),
-                 "ename": None if error is None else type(error).__name__, "evalue": message}
-        with open(path, "a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\\n")
-    get_ipython().events.register("post_run_cell", remember)
+    course_lib.grading.judge.record_cells(os.environ.pop("COURSE_GRADER_RECORD"))
 _course_grader_setup()
 del _course_grader_setup'''
 

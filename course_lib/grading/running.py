@@ -2,8 +2,8 @@
 (grading, step 2).
 
 nbval runs the merged notebook top to bottom in a fresh kernel, the judge. Each cell's outcome
-comes back on a pipe only pytest holds (course_lib.grading.verdicts), each cell's exception from
-the recorder cell's file. A cell that hung or crashed the kernel is replaced by one that raises,
+comes back on a pipe only pytest holds (course_lib.grading.verdicts), and how each cell ended, sealed,
+from the judge's own record file (course_lib.grading.proof). A cell that hung or crashed the kernel is replaced by one that raises,
 and the notebook is run again, so a hang costs only the cell it hits. Every process a run started
 is stopped afterwards.
 """
@@ -11,7 +11,6 @@ is stopped afterwards.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,7 @@ import nbformat
 import psutil
 
 from ..launcher import available_cpus
+from . import proof
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -133,22 +133,23 @@ def read_verdicts(lines: list[str]) -> dict[int, CellOutcome]:
     return outcomes
 
 
-def read_records(path: Path, code_sources: list[str]) -> dict[int, dict]:
-    """Match the recorder's entries, in run order, to code cells (by source hash)."""
+def read_records(path: Path, code_sources: list[str], secret: str) -> dict[int, dict]:
+    """The judge's sealed line for each code cell that ran (course_lib.grading.proof), by cell number.
+
+    Each cell's source is unique in a run (write_attempt numbers them), so a line names its cell
+    by the source's hash alone. A line without the judge's seal, or that cannot be read, counts as
+    no line at all: that cell did not report back."""
     if not path.exists():
         return {}
-    hashes = [hashlib.sha1(source.encode("utf-8", "replace")).hexdigest() for source in code_sources]
-    records, position = {}, 0
+    numbers = {proof.cell_key(source): number for number, source in enumerate(code_sources)}
+    records = {}
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             entry = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
-        for index in range(position, len(hashes)):
-            if hashes[index] == entry.get("cell"):
-                records[index] = entry
-                position = index + 1
-                break
+        if isinstance(entry, dict) and entry.get("cell") in numbers and proof.is_sealed(secret, entry):
+            records.setdefault(numbers[entry["cell"]], entry)
     return records
 
 
@@ -171,6 +172,10 @@ def write_attempt(merged: nbformat.NotebookNode, replaced: dict[int, str], rundi
     cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
     for number, why in replaced.items():
         cells[number].source = f"raise RuntimeError({why!r})"
+    for number, cell in enumerate(cells):
+        # A batch repeats each check's source once per submission: a last line of its own makes every
+        # cell's source, and so the hash its record names it by, unique (a comment: nothing changes).
+        cell.source = f"{cell.source}\n# the grader's code cell {number}"
     nb_path = rundir / "graded.ipynb"
     nbformat.write(notebook, nb_path)
     (rundir / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
@@ -231,7 +236,7 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options, own_cells:
         in_time, verdict_lines = run_pytest(pytest_command(rundir, nb_path, options, own_cells), rundir,
                                             judge_env(rundir, options), rundir / "pytest.log", time_limit)
         outcomes = read_verdicts(verdict_lines)
-        records = read_records(rundir / "records.jsonl", sources)
+        records = read_records(rundir / "records.jsonl", sources, options.secret)
         if not in_time:
             return RunResult(outcomes, records, replaced, f"the notebook ran longer than {time_limit:g} s in all")
         if not outcomes:

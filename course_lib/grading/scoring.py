@@ -1,6 +1,7 @@
 """Scoring: each check's points and message from a run's verdicts and records (grading, step 3).
 
-A check cell earns its points when it ran without an error. Its message is the exception's type
+A check cell earns its points when its pass is proven (``why_not_passed``: nbval saw it pass and the
+judge's sealed record says it ended without an error). Its message is the exception's type
 and message (a CheckFailed explains itself), never a traceback or a cell's source, with any line
 of a hidden test removed. When one of the grader's own cells failed, no check is scored: the
 submission is "not graded", never given 0 for the grader's fault.
@@ -62,6 +63,29 @@ def clean_message(text: str, hidden_lines: set[str]) -> str:
     return "\n".join(lines)
 
 
+NO_REPORT = ("this check did not report back: how it ended never reached the grader's record, so it earns "
+             "nothing (if you think your answer is right, ask your instructor to grade it again)")
+
+
+def why_not_passed(run: RunResult, number: int) -> str | None:
+    """The one rule that gives a cell its points: None when its pass is proven, else what is missing.
+
+    Proven means three things at once: nbval's verdict is "passed", the cell is the one that was
+    written (not replaced after it hung the judge), and the judge's sealed record says it ended
+    without an error (course_lib.grading.proof). An error the kernel could not send to nbval, a
+    kernel that stopped answering or a record that never came fails here."""
+    if number in run.replaced:
+        return "replaced"
+    if run.outcomes.get(number, CellOutcome("missing")).status != "passed":
+        return "not passed"
+    record = run.records.get(number)
+    if record is None:
+        return "no record"
+    if record.get("ename") is not None:
+        return "an error"
+    return None
+
+
 def describe_failure(number: int, run: RunResult, cell_timeout: float, hidden: set[str]) -> str:
     if number in run.replaced:
         return run.replaced[number]
@@ -74,6 +98,8 @@ def describe_failure(number: int, run: RunResult, cell_timeout: float, hidden: s
         ename, evalue = record["ename"], record.get("evalue") or ""
         text = evalue if ename == "CheckFailed" else f"{ename}: {evalue}".rstrip(": ")
         return clean_message(text, hidden)
+    if outcome.status == "passed":  # nbval saw no error, and the judge never said so either
+        return NO_REPORT
     if outcome.status == "skipped":
         return "this check was skipped"
     if run.problem:
@@ -85,8 +111,7 @@ def score(result: NotebookResult, run: RunResult, numbers: dict[int, int], refer
     """Fill in one submission's checks and notes from the run (numbers: reference cell -> nbval's cell number)."""
     for check in reference.checks:
         number = numbers[check.cell_index]
-        outcome = run.outcomes.get(number, CellOutcome("missing"))
-        if outcome.status == "passed" and number not in run.replaced:
+        if why_not_passed(run, number) is None:
             result.checks.append(CheckResult(check, check.points, "passed"))
         else:
             message = describe_failure(number, run, options.cell_timeout, reference.hidden_lines)
@@ -142,14 +167,17 @@ def submission_start_failure(run: RunResult, numbers: dict[int, int], options) -
 
 def grader_cell_failure(run: RunResult, number: int, options) -> str | None:
     """How one of the grader's own cells failed, or None when it passed."""
-    outcome = run.outcomes.get(number, CellOutcome("missing"))
-    if outcome.status == "passed" and number not in run.replaced:
+    why = why_not_passed(run, number)
+    if why is None:
         return None
+    outcome = run.outcomes.get(number, CellOutcome("missing"))
     if number in run.replaced or "Timeout of" in outcome.message:
         return f"did not finish within the setup timeout ({options.setup_timeout:g} s)"
     if run.records.get(number, {}).get("ename"):
         record = run.records[number]
         return f"raised {record['ename']}: {record.get('evalue') or ''}".rstrip(": ")
+    if why == "no record":
+        return "did not report back (no sealed record of how it ended)"
     return run.problem or "did not run"
 
 

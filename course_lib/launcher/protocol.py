@@ -116,6 +116,13 @@ def _report(conn, message, payload: bytes | None = None) -> None:
         conn.send_bytes(payload)
 
 
+def _sendable(text) -> str:
+    """Text a rank sent, as text that can be printed and sent on: JSON carries lone surrogates
+    ("\\ud800"), which no UTF-8 stream (a kernel's output channel, a file) accepts; they are written
+    escaped, as the characters \\ud800."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _read_header(conn, rank: int, world_size: int, had_baseline: bool) -> list:
     """A rank's next header, checked to be one of the launcher's messages (else a ProtocolError).
 
@@ -132,8 +139,10 @@ def _read_header(conn, rank: int, world_size: int, had_baseline: bool) -> list:
                 raise ValueError  # once, before the learner's code: a second one is forged
         if message[0] in (_RESULT_ERROR, _RESULT_UNSENDABLE):
             _, exc_type, text, frames = message
-            frames = [(str(f), int(n), str(name), str(line)) for f, n, name, line in frames]
-            message = [message[0], exc_type, text, frames]
+            if not isinstance(exc_type, str) or not isinstance(text, str):
+                raise ValueError
+            frames = [(_sendable(f), int(n), _sendable(name), _sendable(line)) for f, n, name, line in frames]
+            message = [message[0], _sendable(exc_type), _sendable(text), frames]
         return message
     except (ValueError, TypeError, UnicodeDecodeError):
         raise WorkerError(rank, "ProtocolError", "the worker sent a message that is not the launcher's", "",

@@ -56,7 +56,7 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
     except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit included
         sys.stdout.flush()
         sys.stderr.flush()
-        _report(result_conn, (_RESULT_ERROR, type(exc).__name__, str(exc), _frames_of(exc)))
+        _report(result_conn, (_RESULT_ERROR, type(exc).__name__, _message_of(exc), _frames_of(exc)))
         os._exit(1)
     _send_result(spec, result_conn, result)
     # Stay alive until every rank has finished: a rank that exits early would turn the
@@ -158,6 +158,14 @@ def _data_payload(result) -> bytes:
     buffer = io.BytesIO()
     torch.save(result, buffer)
     return buffer.getvalue()
+
+
+def _message_of(exc: BaseException) -> str:
+    """str(exc), or why there is none: an exception whose __str__ raises is still reported as itself."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001 - whatever it raises, the rank's own error is what counts
+        return f"(its message could not be read: str() raised {type(inner).__name__})"
 
 
 def _frames_of(exc: BaseException) -> list[tuple]:
