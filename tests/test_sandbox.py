@@ -215,16 +215,19 @@ def test_the_ranks_of_a_launch_reach_each_other_only_over_the_network(routes):
     """Each rank is kept apart in a Landlock domain of its own (course_lib.grading.apart): a secret that
     rank 1 leaves in a file, a shared-memory file, its working folder or an abstract Unix socket does not
     reach rank 0, nor does rank 1's memory or folders through /proc; only the folder the check shares.
-    No rank reaches the launch server's socket (whose children would run outside the rank's domain) or
-    sends a UDP datagram (which the per-pair TCP counts would not see)."""
+    No rank reaches the launch server's socket (whose children would run outside the rank's domain), sends a
+    UDP or netlink datagram (which the per-pair TCP counts would not see), or leaves a key in the kernel's
+    keyrings (which would outlive the submission)."""
     ranks = routes["ranks_apart"]["value"]
     wrote, found = ranks[1]["wrote"], ranks[0]["found"]
     assert wrote == {"tmp": "refused: Permission denied", "dev_shm": "refused: Permission denied",
                      "working_dir": "written", "scratch": "refused: Permission denied", "shared": "written",
-                     "abstract_socket": "refused: Operation not permitted"}, wrote
+                     "abstract_socket": "refused: Operation not permitted", "netlink": "refused: Operation not permitted",
+                     "keyring": "refused: Operation not permitted"}, wrote
     assert found.pop("shared") == "read"  # what the check shares with every rank (a checkpoint folder)
     refused = {name: said for name, said in found.items() if not said.startswith("refused")}
-    assert not refused and len(found) == 12, found
+    assert not refused and len(found) == 14, found
+    assert found["netlink"] == found["keyring"] == "refused: Operation not permitted", found
     assert ranks[0]["cwd"] != ranks[1]["cwd"]  # a working folder of its own
 
 
@@ -239,30 +242,41 @@ def test_no_landlock_means_no_sandbox_and_says_how_to_get_one(monkeypatch):
     assert problem is not None and "Landlock" in problem and "lsm=" in problem and "5.13" in problem, problem
 
 
-def test_the_socket_filter_refuses_unix_and_udp_sockets_only():
-    # The seccomp program itself, in a child process of its own (a filter cannot be removed).
+def test_the_socket_filter_allows_only_what_torch_and_gloo_use():
+    # The seccomp program itself, in a child process of its own (a filter cannot be removed): an allowlist.
+    # Each refused kind is one a rank could otherwise make here (MPTCP, netlink's USERSOCK and vsock were,
+    # on this course's CI machine), and a keyring outlives the processes that used it.
     code = """
-import socket
+import ctypes, socket
 from course_lib.grading.apart import deny_side_sockets
 print(deny_side_sockets())
-for family, kind in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_STREAM),
-                     (socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_DGRAM),
-                     (socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), (socket.AF_INET6, socket.SOCK_DGRAM)]:
+kinds = [(socket.AF_INET, socket.SOCK_STREAM, 0), (socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC, 6),
+         (socket.AF_NETLINK, socket.SOCK_RAW, 0),                             # made: the routing tables
+         (socket.AF_UNIX, socket.SOCK_STREAM, 0), (socket.AF_UNIX, socket.SOCK_DGRAM, 0),
+         (socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0), (socket.AF_INET6, socket.SOCK_DGRAM, 0),
+         (socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP),               # ping sockets
+         (socket.AF_INET, socket.SOCK_STREAM, 262), (socket.AF_INET, socket.SOCK_STREAM, 132),  # MPTCP, SCTP
+         (socket.AF_INET, socket.SOCK_RAW, 6), (socket.AF_INET, socket.SOCK_SEQPACKET, 0),
+         (socket.AF_NETLINK, socket.SOCK_RAW, 2), (socket.AF_NETLINK, socket.SOCK_DGRAM, 16),  # USERSOCK, GENERIC
+         (40, socket.SOCK_STREAM, 0), (30, socket.SOCK_RDM, 0), (17, socket.SOCK_RAW, 0)]  # vsock, TIPC, packet
+for family, kind, protocol in kinds:
     try:
-        socket.socket(family, kind).close()
+        socket.socket(family, kind, protocol).close()
         print("made")
     except PermissionError:
         print("refused")
+print(len(socket.if_nameindex()) > 0)  # the launcher finds the loopback interface this way
 a, b = socket.socketpair()  # a connected pair reaches no other process: allowed
 print("pair")
-import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 print("shm", libc.shmget(0, 4096, 0o1600), ctypes.get_errno())  # IPC_PRIVATE: refused with EPERM
+add_key = {"x86_64": 248, "aarch64": 217}[__import__("platform").machine()]
+print("key", libc.syscall(add_key, b"user", b"course-key", b"a secret", 8, -4), ctypes.get_errno())  # user keyring
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["True", "made", "made", "refused", "refused", "refused", "refused", "pair",
-                                  "shm", "-1", "1"]
+    assert run.stdout.split() == ["True", "made", "made", "made"] + ["refused"] * 14 + [
+        "True", "pair", "shm", "-1", "1", "key", "-1", "1"], run.stdout
 
 
 def test_a_sandbox_emptied_for_the_next_submission_holds_nothing_of_the_last(routes):

@@ -20,8 +20,10 @@ makes a domain of its own:
 - with Landlock ABI 6 (Linux 6.12), it cannot connect to an abstract Unix socket, or signal a
   process, of another domain.
 
-- sockets (seccomp, ``deny_side_sockets``): it cannot make a Unix or a UDP socket, use io_uring, or
-  make System V or POSIX IPC objects.
+- sockets (seccomp, ``deny_side_sockets``), an allowlist: it may make TCP sockets, netlink sockets to
+  the kernel's routing tables and Unix socket pairs, and nothing else (no Unix socket of its own, no
+  UDP, SCTP, vsock, other netlink...); it cannot use io_uring, make System V or POSIX IPC objects, or
+  touch the kernel's keyrings.
 
 What is left between two ranks: TCP on the sandbox's loopback (what ``tcp_flows`` counts per pair of
 ranks), the folders a check shares, and what every process may read of another (``/proc/<pid>/stat``,
@@ -151,29 +153,44 @@ def _system_paths() -> list[str]:
     return sorted(set(paths))
 
 
-# ----- sockets beside the process group (seccomp)
-# A rank may still make TCP sockets (the process group's, and any of its own, which tcp_flows counts
-# between the ranks). It may not make a UDP socket (datagrams between ranks, which the per-connection
-# counts would not see) or a Unix one (an abstract Unix socket is a channel between ranks where Landlock
-# is older than ABI 6; a socket file needs a folder two ranks share, which only a check hands them).
+# ----- sockets beside the process group (seccomp): an allowlist
+# A rank may make what torch and gloo use, and nothing else:
+# - TCP over IPv4 or IPv6 (SOCK_STREAM with protocol 0 or IPPROTO_TCP): the process group's connections,
+#   and any of the rank's own, which tcp_flows counts between the ranks;
+# - netlink to the kernel's routing tables (NETLINK_ROUTE): if_nameindex() and getifaddrs(), through which
+#   the launcher and gloo find the loopback interface (GLOO_SOCKET_IFNAME) for every group made; a process
+#   without CAP_NET_ADMIN (no rank has it) can send there only to the kernel, never to another socket;
+# - a connected pair of Unix sockets (socketpair(2)): it reaches no other process than the rank's own
+#   children, and Python's multiprocessing.Pipe makes one.
+# Every other family, type and protocol is refused with EPERM: Unix sockets (an abstract one is a channel
+# between ranks where Landlock is older than ABI 6), UDP and ping sockets (datagrams the per-connection
+# counts would not see), SCTP and MPTCP (streams that are not TCP), other netlink families (NETLINK_USERSOCK
+# carries data between two unprivileged processes), vsock, TIPC, packet and the rest. Refused outright:
+# io_uring_setup/enter/register (io_uring makes and connects sockets without calling socket(2)); shmget,
+# semget, msgget and mq_open (System V and POSIX IPC objects outlive the processes that made them: a
+# sandbox emptied for the next submission must hold nothing of the last one's); add_key, request_key and
+# keyctl (the kernel's keyrings outlive the processes too, and are shared by every process of a user).
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1
-# Per machine: the audit arch, the number of socket(2), those refused outright and, on x86-64, the x32
-# ABI's bit. Refused: io_uring_setup/enter/register (io_uring makes and connects sockets without calling
-# socket(2)), and shmget, semget, msgget and mq_open (System V and POSIX IPC objects outlive the processes
-# that made them: a sandbox emptied for the next submission must hold nothing of the last one's).
-_MACHINES = {"x86_64": (0xC000003E, 41, (425, 426, 427, 29, 64, 68, 240), 0x40000000),
-             "aarch64": (0xC00000B7, 198, (425, 426, 427, 194, 190, 186, 180), None)}
+_NETLINK_ROUTE, _IPPROTO_TCP = 0, 6
+# Per machine: the audit arch, the numbers of socket(2) and socketpair(2), those refused outright (io_uring's
+# three, the IPC four, the keyring three) and, on x86-64, the x32 ABI's bit.
+_MACHINES = {"x86_64": (0xC000003E, 41, 53, (425, 426, 427, 29, 64, 68, 240, 248, 249, 250), 0x40000000),
+             "aarch64": (0xC00000B7, 198, 199, (425, 426, 427, 194, 190, 186, 180, 217, 218, 219), None)}
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # classic BPF: ld [k], jeq, jge, and, ret
+_ARG0, _ARG1, _ARG2 = 16, 24, 32  # seccomp_data.args[i]'s low 32 bits (the kernel reads these as ints)
 
 
 def _filter(machine: str) -> tuple[bytes, int]:
     """The seccomp program (classic BPF over struct seccomp_data) and its length in instructions."""
-    arch, socket_nr, refused, x32 = _MACHINES[machine]
+    arch, socket_nr, socketpair_nr, refused, x32 = _MACHINES[machine]
     code, labels = [], {}
 
     def emit(op, k, jump_true=None, jump_false=None):
         code.append((op, jump_true, jump_false, k))
+
+    def label(name):
+        labels[name] = len(code)
 
     emit(_LD, 4)                                     # seccomp_data.arch
     emit(_JEQ, arch, None, "deny")                   # another ABI (i386 through int 0x80, arm32): refused
@@ -182,22 +199,33 @@ def _filter(machine: str) -> tuple[bytes, int]:
         emit(_JGE, x32, "deny")
     for number in refused:
         emit(_JEQ, number, "deny")
-    emit(_JEQ, socket_nr, None, "allow")
-    emit(_LD, 16)                                    # args[0]: the address family
-    emit(_JEQ, socket.AF_UNIX, "deny")
-    emit(_JEQ, socket.AF_INET, "datagram")
-    emit(_JEQ, socket.AF_INET6, "datagram", "allow")
-    labels["datagram"] = len(code)
-    emit(_LD, 24)                                    # args[1]: the type (flags in its high bits)
+    emit(_JEQ, socket_nr, "socket")
+    emit(_JEQ, socketpair_nr, "socketpair", "allow")  # any other system call: allowed
+    label("socket")
+    emit(_LD, _ARG0)                                 # the address family
+    emit(_JEQ, socket.AF_INET, "inet")
+    emit(_JEQ, socket.AF_INET6, "inet")
+    emit(_JEQ, socket.AF_NETLINK, "netlink", "deny")
+    label("inet")
+    emit(_LD, _ARG1)                                 # the type (flags in its high bits)
     emit(_AND, 0xF)
-    emit(_JEQ, socket.SOCK_DGRAM, "deny", "allow")
-    labels["allow"] = len(code)
+    emit(_JEQ, socket.SOCK_STREAM, None, "deny")
+    emit(_LD, _ARG2)                                 # the protocol: TCP's, or the default (TCP's)
+    emit(_JEQ, 0, "allow")
+    emit(_JEQ, _IPPROTO_TCP, "allow", "deny")
+    label("netlink")
+    emit(_LD, _ARG2)
+    emit(_JEQ, _NETLINK_ROUTE, "allow", "deny")
+    label("socketpair")
+    emit(_LD, _ARG0)
+    emit(_JEQ, socket.AF_UNIX, "allow", "deny")
+    label("allow")
     emit(_RET, _RET_ALLOW)
-    labels["deny"] = len(code)
+    label("deny")
     emit(_RET, _RET_EPERM)
 
-    def offset(label, index):  # jumps count the instructions to skip after this one
-        return 0 if label is None else labels[label] - index - 1
+    def offset(name, index):  # jumps count the instructions to skip after this one
+        return 0 if name is None else labels[name] - index - 1
 
     packed = b"".join(struct.pack("HBBI", op, offset(yes, index), offset(no, index), k)
                       for index, (op, yes, no, k) in enumerate(code))
@@ -209,8 +237,9 @@ class _Program(ctypes.Structure):
 
 
 def deny_side_sockets() -> bool:
-    """Refuse Unix and UDP sockets, io_uring and IPC objects to this process and all it starts; False where this
-    machine's system call numbers are not known here (then nothing is refused)."""
+    """Allow this process and all it starts only the sockets above (TCP, the kernel's routing netlink, a Unix
+    socketpair); refuse io_uring, IPC objects and keyrings. False where this machine's system call numbers
+    are not known here (then nothing is refused)."""
     machine = platform.machine()
     if not sys.platform.startswith("linux") or machine not in _MACHINES:
         return False
