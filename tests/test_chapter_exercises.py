@@ -7,11 +7,14 @@ an exercise, four kinds of student:
 - tests/submissions/<chapter>/wrong*.ipynb: answers that are wrong in plausible ways
   (the mistakes learners really make), each of which must score 0 on every check;
 - tests/submissions/<chapter>/unusual*.ipynb: correct answers reached another way
-  (another algorithm, API or naming), which must earn full marks.
+  (another algorithm, API or naming), which must earn full marks;
+- generated: answers that only raise (errors the kernel cannot even report among them) or do
+  nothing, which must earn nothing.
 """
 
 import csv
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -43,10 +46,47 @@ def test_every_chapter_has_wrong_and_unusual_submissions():
         assert list(folder.glob("unusual*.ipynb")), f"no unusual correct submission for {exercise.stem}"
 
 
-def students_of(exercise: Path) -> dict[str, Path]:
-    """The class for one chapter: untouched, solved, and every submission in tests/submissions/."""
+# Answers that only raise, or do nothing, in place of each stub's `raise NotImplementedError(...)`: none may
+# earn a point. Several are errors the judge's kernel cannot send to nbval (a message that is not UTF-8, an
+# exception whose __str__ raises), which nbval took for passes until a pass had to be proven by the judge's
+# record (course_lib.grading.proof). The first stub of every chapter gets the first; the rest are drawn.
+STUB = 'raise NotImplementedError("Your code here: see the hint above")'
+ONLY_RAISES = [
+    'raise ValueError("\\ud800")',
+    'raise type("Unreadable", (Exception,), {"__str__": lambda self: str(1 / 0)})()',
+    'raise KeyError("\\udcff" * 3)',
+    'raise SystemExit(0)',
+    'raise KeyboardInterrupt',
+    'raise BaseException("\\ud800" + "x" * 100_000)',
+    'import os; os._exit(0)',
+    'return None',
+    'pass',
+]
+
+
+def only_raises(exercise: Path) -> str:
+    """The exercise with every stub replaced by one of ONLY_RAISES, drawn with the chapter's name as seed."""
+    draw = random.Random(exercise.stem)
+    notebook = json.loads(exercise.read_text())
+    replaced = 0
+    for cell in notebook["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("solution"):
+            lines = "".join(cell["source"]).split("\n")
+            for number, line in enumerate(lines):
+                if line.strip() == STUB:
+                    body = ONLY_RAISES[0] if replaced == 0 else draw.choice(ONLY_RAISES)
+                    lines[number] = line[:len(line) - len(line.lstrip())] + body
+                    replaced += 1
+            cell["source"] = "\n".join(lines)
+    assert replaced, f"no stub found in {exercise.name}"
+    return json.dumps(notebook)
+
+
+def students_of(exercise: Path) -> dict[str, Path | str]:
+    """The class for one chapter: untouched, solved, every submission in tests/submissions/, and one whose
+    answers only raise (a notebook's text, made here)."""
     solution = REPO / "solutions" / exercise.name
-    students = {"untouched": exercise, "solved": solution}
+    students = {"untouched": exercise, "solved": solution, "wrong_generated_only_raises": only_raises(exercise)}
     for submission in sorted((SUBMISSIONS / exercise.stem).glob("*.ipynb")):
         assert answer_cells(submission) != answer_cells(solution), f"{submission.name} is the solution itself"
         students[submission.stem] = submission
@@ -69,7 +109,10 @@ def graded_class(request, tmp_path_factory):
         shutil.copy(exercise, handed_out / exercise.name)
         for student, source in students_of(exercise).items():
             (folder / f"{exercise.stem}--{student}").mkdir(parents=True)
-            shutil.copy(source, folder / f"{exercise.stem}--{student}" / exercise.name)
+            if isinstance(source, str):
+                (folder / f"{exercise.stem}--{student}" / exercise.name).write_text(source)
+            else:
+                shutil.copy(source, folder / f"{exercise.stem}--{student}" / exercise.name)
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder),
                           "--exercises", str(handed_out), "--jobs", "2",
                           "--max-batch", str(max(len(students_of(exercise)) for exercise in selected))],
