@@ -51,7 +51,10 @@ the table and of grades.csv then says "not sandboxed".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import re
 import secrets
 import shutil
 import sys
@@ -66,7 +69,7 @@ from .exercises import stale_files
 from .merging import (  # noqa: F401
     NBVAL_MARKER, NEXT_MARKER, NEXT_SUBMISSION_CELL, Reference, batch_split, load_reference, merge, merge_many,
     student_answers)
-from .reporting import FEEDBACK_FILE, print_table, report_progress, write_csv, write_feedback
+from .reporting import FEEDBACK_FILE, one_line, print_table, report_progress, warn, write_csv, write_feedback
 from .running import CellOutcome, RunResult, kill_running, run_merged  # noqa: F401
 from .sandbox import remove_leftovers, sandbox_problem
 from .scoring import (NotebookResult, grader_own_cells, grader_setup_failure, not_graded, prepare, score,
@@ -83,8 +86,8 @@ def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: R
     started = time.monotonic()
     try:
         merged, places, notes = merge_many(reference, [answers for _, answers in batch])
-        first = batch[0][0].student
-        workdir = Path(tempfile.mkdtemp(prefix=f"{first}-{Path(reference.name).stem}-", dir=options.work_root))
+        prefix = work_folder_prefix(batch[0][0].student, reference.name)
+        workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=options.work_root))
         try:
             run = run_merged(merged, workdir, options, grader_own_cells(places, reference))
         finally:
@@ -108,6 +111,15 @@ def grade_batch(batch: list[tuple[NotebookResult, dict[str, str]]], reference: R
         for result, _ in batch:
             result.seconds = time.monotonic() - started
     return [result for result, _ in batch]
+
+
+def work_folder_prefix(student: str, notebook: str) -> str:
+    """The start of a batch's work folder's name (kept by --keep-work): its first student and its
+    notebook, in letters, digits, '.', '_' and '-' only and short, so that no student's name (255
+    bytes long, a newline, bytes that are not UTF-8) can stop the batch from starting."""
+    def safe(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:40]
+    return f"{safe(student)}-{safe(Path(notebook).stem)}-"
 
 
 def plan_batches(pending: dict[str, list], references: dict[str, Reference], jobs: int,
@@ -157,15 +169,65 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PATH_OPTIONS = ("submissions", "solutions", "exercises", "csv", "keep_work")
+
+
 def parse_options(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """The options, with this run's id and secret; the jobs and batch sizes at least 1."""
+    """The options, with this run's id and secret; the jobs and batch sizes at least 1; every path
+    absolute (the judges run in folders of their own, where a relative path would name another
+    place), a link's own path kept (absolute, not resolved: --csv naming a link replaces the link,
+    never its target); the CSV in SUBMISSIONS unless --csv says where."""
     options = parser.parse_args(argv)
+    for name in PATH_OPTIONS:
+        if getattr(options, name) is not None:
+            setattr(options, name, getattr(options, name).absolute())
+    options.csv = options.csv or options.submissions / "grades.csv"
     options.run_id = secrets.token_hex(4)
     options.jobs = max(1, options.jobs)
     options.max_batch = max(1, options.max_batch)
     options.setup_timeout = max(options.setup_timeout, options.cell_timeout)
     options.secret = secrets.token_hex(16)  # this run's hidden cases: known to no submission
     return options
+
+
+def csv_destination_problem(path: Path) -> str | None:
+    """Why grades.csv could not be written at path, or None: found before grading, not after an hour
+    of it. A file of the same name is fine (it is replaced, a link too, never followed)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        return (f"{path} is a folder, where the grades would be written: rename that folder, or write the "
+                "grades elsewhere with --csv PATH")
+    try:  # the one sure test that the folder takes a new file: make one
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".grades-probe-")
+    except OSError as exc:
+        return f"the grades cannot be written in {path.parent} ({exc.strerror}): choose another place with --csv PATH"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def student_folders(parser: argparse.ArgumentParser, submissions: Path) -> list[str]:
+    """Every student's folder name in submissions (hidden ones and those starting with _ left out); a
+    link, or an entry that cannot be examined, gets a warning naming it and is not graded."""
+    try:
+        entries = sorted(submissions.iterdir())
+    except OSError as exc:
+        parser.error(f"{submissions} cannot be read ({exc.strerror})")
+    students = []
+    for path in entries:
+        if path.name.startswith((".", "_")):
+            continue
+        try:
+            if not path.is_dir():
+                continue
+        except OSError as exc:
+            warn(f"{path} cannot be examined ({exc.strerror}): not graded")
+            continue
+        if path.is_symlink():  # another student's folder, or anyone's
+            warn(f"{path} is a symbolic link, not a student's folder: not graded "
+                 "(collect each student's files with `cp -r`, which copies links as links)")
+            continue
+        students.append(path.name)
+    return students
 
 
 def read_class(parser: argparse.ArgumentParser, options) -> tuple[list[str], dict[str, Reference], list[str]]:
@@ -182,11 +244,7 @@ def read_class(parser: argparse.ArgumentParser, options) -> tuple[list[str], dic
         references = {name: load_reference(options.solutions / name) for name in names}
     except ValueError as exc:
         parser.error(str(exc))
-    folders = [p for p in options.submissions.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))]
-    for link in (p for p in folders if p.is_symlink()):  # another student's folder, or anyone's
-        print(f"warning: {link} is a symbolic link, not a student's folder: not graded "
-              "(collect each student's files with `cp -r`, which copies links as links)", file=sys.stderr)
-    students = sorted(p.name for p in folders if not p.is_symlink())
+    students = student_folders(parser, options.submissions)
     if not students:
         parser.error(f"no student folders in {options.submissions}")
     return names, references, students
@@ -233,11 +291,37 @@ def grade_class(students: list[str], names: list[str], references: dict[str, Ref
     return table
 
 
+def save_grades(path: Path, students: list[str], names: list[str], table: dict, maxima: dict, run_id: str
+                ) -> Path | None:
+    """Write grades.csv at path; where that fails (something took its place while the class was graded),
+    in a new file beside it, so that the grading is not lost. The file written, or None."""
+    try:
+        write_csv(path, students, names, table, maxima)
+        return path
+    except OSError as exc:
+        why = "is a folder" if isinstance(exc, IsADirectoryError) else f"could not be written ({exc.strerror})"
+    fallback = path.with_name(f"{path.stem}-{run_id}{path.suffix}")
+    try:
+        write_csv(fallback, students, names, table, maxima)
+    except OSError:
+        print(f"grade.py: {one_line(path)} {why}, and so could {one_line(fallback)}: the table below holds "
+              "every grade", file=sys.stderr)
+        return None
+    print(f"grade.py: {one_line(path)} {why}: the grades are in {one_line(fallback)}", file=sys.stderr)
+    return fallback
+
+
 def main(argv: list[str]) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a name that is not UTF-8 is shown escaped, never a crash
+        with contextlib.suppress(AttributeError):
+            stream.reconfigure(errors="backslashreplace")
     parser = argument_parser()
     options = parse_options(parser, argv)
     if not options.submissions.is_dir():
         parser.error(f"{options.submissions} is not a folder")
+    problem = csv_destination_problem(options.csv)
+    if problem:
+        parser.error(problem)
     if not options.no_sandbox:
         problem = sandbox_problem()
         if problem:
@@ -258,10 +342,11 @@ def main(argv: list[str]) -> int:
     if table is None:
         return 130
     write_feedback(options.submissions, students, names, table)
-    csv_path = options.csv or options.submissions / "grades.csv"
-    write_csv(csv_path, students, names, table, maxima)
+    csv_path = save_grades(options.csv, students, names, table, maxima, options.run_id)
     print()
     print_table(students, names, table, maxima)
+    if csv_path != options.csv:
+        return 1
     print(f"\nwrote {csv_path} and {FEEDBACK_FILE} in each student's folder "
           f"({time.monotonic() - started:.1f} s)")
     return 0

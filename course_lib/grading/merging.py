@@ -136,6 +136,17 @@ def load_reference(solution_path: Path) -> Reference:
 # A notebook with its outputs is a few MB; one far larger is not a submission, and reading it whole
 # would take the grader's memory.
 SUBMISSION_BYTES = 64 * 1024 * 1024
+# A notebook's JSON is a few levels deep (10 at most in this course) and holds a few thousand objects
+# and lists. A file nested or packed far beyond that is not a notebook: parsing it would overflow
+# Python's stack, and nbformat, which builds and validates every object again, took 12 GB of memory
+# and 100 s on 60 MB of empty cells.
+NOTEBOOK_DEPTH = 100
+NOTEBOOK_CONTAINERS = 200_000
+
+
+def too_large(size: int, limit: int) -> ValueError:
+    return ValueError(f"the file is {size / 2**20:.0f} MiB, more than a notebook's {limit // 2**20} MiB: "
+                      "clear its outputs (Edit > Clear Outputs of All Cells)")
 
 
 def read_regular_file(path: Path, limit: int = SUBMISSION_BYTES) -> bytes:
@@ -149,17 +160,26 @@ def read_regular_file(path: Path, limit: int = SUBMISSION_BYTES) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        if path.is_symlink():
+        if os.path.islink(path):
             raise ValueError(f"{path.name} is a symbolic link, not the notebook itself: hand in the file") from None
         raise ValueError(f"the file cannot be opened ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ValueError(f"{path.name} is a folder, not a notebook: hand in the notebook file itself")
         if not stat.S_ISREG(info.st_mode):
             raise ValueError(f"{path.name} is not a plain file: hand in the notebook itself")
         if info.st_size > limit:
-            raise ValueError(f"the file is {info.st_size / 2**20:.0f} MiB, more than a notebook's "
-                             f"{limit // 2**20} MiB: clear its outputs (Edit > Clear Outputs of All Cells)")
-        return f.read(limit + 1)
+            raise too_large(info.st_size, limit)
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ValueError(f"the file cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # it grew after it was measured
+        raise too_large(len(data), limit)
+    return data
 
 
 def read_submission(path: Path) -> nbformat.NotebookNode:
@@ -168,17 +188,55 @@ def read_submission(path: Path) -> nbformat.NotebookNode:
         text = read_regular_file(path).decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError("the file is not a notebook (not UTF-8 text)") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the file is not a notebook (not valid JSON: {exc})") from None
+    data = parse_json(text)
     if not isinstance(data, dict) or not isinstance(data.get("cells", data.get("worksheets")), list):
         raise ValueError("the file is not a Jupyter notebook (no list of cells)")
+    check_size_of_json(data)
     try:
         with contextlib.redirect_stderr(None):
             return nbformat.reads(text, as_version=4)
-    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
+    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds (RecursionError, MemoryError too)
         raise ValueError(f"the notebook cannot be read ({type(exc).__name__}: {exc})") from None
+
+
+def nested_too_deeply() -> ValueError:
+    return ValueError(f"the file is not a notebook (its JSON is nested more than {NOTEBOOK_DEPTH} levels deep)")
+
+
+def parse_json(text: str):
+    """The JSON value in text, or ValueError saying why not: never an error that would stop the class."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the file is not a notebook (not valid JSON: {exc})") from None
+    except RecursionError:  # deeper than Python's stack allows, so deeper than NOTEBOOK_DEPTH too
+        raise nested_too_deeply() from None
+    except MemoryError:
+        raise ValueError("the file is not a notebook (parsing it took more memory than the grader has)") from None
+    except ValueError as exc:  # a number of thousands of digits, say
+        raise ValueError(f"the file is not a notebook ({exc})") from None
+
+
+def check_size_of_json(data) -> None:
+    """ValueError when data is nested deeper, or holds more objects and lists, than any notebook.
+
+    Walked with a stack of iterators, not recursion (which the depth could overflow), opening one
+    object or list at a time, so that it stops as soon as a limit is passed.
+    """
+    open_containers, count = [iter([data])], 0
+    while open_containers:
+        for value in open_containers[-1]:
+            if isinstance(value, (dict, list)):
+                count += 1
+                if len(open_containers) > NOTEBOOK_DEPTH:
+                    raise nested_too_deeply()
+                if count > NOTEBOOK_CONTAINERS:
+                    raise ValueError(f"the file is not a notebook (its JSON holds more than {NOTEBOOK_CONTAINERS:,} "
+                                     "objects and lists)")
+                open_containers.append(iter(value.values() if isinstance(value, dict) else value))
+                break  # go into it; the rest of this one comes after
+        else:  # every value of the innermost one seen
+            open_containers.pop()
 
 
 def student_answers(submission: nbformat.NotebookNode) -> dict[str, str]:

@@ -9,6 +9,7 @@ submission is "not graded", never given 0 for the grader's fault.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,15 +44,22 @@ class NotebookResult:
 def prepare(student: str, path: Path, reference: Reference) -> tuple[NotebookResult, dict[str, str] | None]:
     """The student's result so far, and their answers; None when there is nothing to run."""
     result = NotebookResult(student, reference.name, reference.max_points)
-    if not path.exists() and not path.is_symlink():  # a link, even a broken one, is reported as a link
+    try:
+        os.lstat(path)  # a link, even a broken one, is there: it is reported as a link
+    except FileNotFoundError:
         result.problem = f"missing: no {reference.name} in your submission"
         return result, None
+    except OSError as exc:  # a folder that cannot be searched (chmod 000), or that is no longer a folder
+        result.problem = f"could not be graded: {reference.name} cannot be reached in your folder ({exc.strerror})"
+        return result, None
     try:
-        submission = read_submission(path)
+        return result, student_answers(read_submission(path))
     except ValueError as exc:
         result.problem = f"could not be graded: {exc}"
-        return result, None
-    return result, student_answers(submission)
+    except Exception as exc:  # noqa: BLE001 - one notebook must never stop the class's grading
+        result.problem = (f"could not be graded: the grader failed on this notebook ({type(exc).__name__}: {exc}); "
+                          "ask your instructor")
+    return result, None
 
 
 def clean_message(text: str, hidden_lines: set[str]) -> str:
