@@ -167,3 +167,29 @@ def test_a_learner_whose_machine_refuses_the_socket_table_gets_no_counts_not_an_
                          timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip().splitlines()[-3:] == ["None"] * 3
+
+
+def test_a_result_of_millions_of_small_objects_is_refused_before_the_judge_loads_it():
+    # Ten million empty lists are 60 MB of pickle that torch.load turned into 1.5 GiB of the judge's memory
+    # over minutes. The judge counts a result's plain objects in its pickle first, without loading it.
+    import io
+    import time
+
+    import torch
+
+    from course_lib.launcher.errors import UnsendableResult
+    from course_lib.launcher.protocol import _load_data
+
+    def load(value):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        return _load_data(buffer.getvalue(), 0, 2, 256 << 20)
+
+    honest = {"loss": [0.5] * 10_000, "weights": torch.zeros(1 << 20), "name": "x" * 100_000}
+    assert load(honest)["name"] == honest["name"]
+    for hostile, why in [([[] for _ in range(600_000)], "more than 1,000,000 numbers, strings and containers"),
+                         (list(range(2_000_000)), "MiB, more than the 8 MiB a check accepts")]:
+        started = time.monotonic()
+        with pytest.raises(UnsendableResult, match="ResultTooLarge") as refused:
+            load(hostile)
+        assert why in str(refused.value) and time.monotonic() - started < 10

@@ -11,8 +11,10 @@ from __future__ import annotations
 import collections
 import io
 import json
+import pickletools
 import signal
 import types
+import zipfile
 from dataclasses import dataclass
 
 import cloudpickle
@@ -190,6 +192,9 @@ def _load_data(payload: bytes, rank: int, world_size: int, limit: int):
     The rank wrote it with torch.save (worker._data_payload)."""
     import torch
 
+    too_many = _too_many_objects(payload)
+    if too_many:
+        raise UnsendableResult(rank, "ResultTooLarge", too_many, "", world_size)
     try:
         result = torch.load(io.BytesIO(payload), weights_only=True)
     except Exception:  # noqa: BLE001 - anything that is not plain data
@@ -203,6 +208,40 @@ def _load_data(payload: bytes, rank: int, world_size: int, limit: int):
                                f"(more than the {limit / 2**20:g} MiB a check accepts) in {len(payload) / 2**20:.1f} "
                                "MiB of data: views that repeat their elements", "", world_size)
     return result
+
+
+# What a result may hold besides its tensors' elements: the pickle that lists its numbers, strings and
+# containers. Ten million empty lists are 60 MB of pickle, which torch.load turns into 1.5 GiB of the judge's
+# memory over minutes; these bounds keep one result to a few tens of MB and a second or two.
+MAX_PLAIN_BYTES = 8 << 20
+MAX_PLAIN_ITEMS = 1_000_000
+
+
+def _too_many_objects(payload: bytes) -> str | None:
+    """Why a torch.save payload's plain data is too large to load in the judge, or None. Read without
+    loading it: the size of its pickle, then its opcodes (each object costs at least one), counted."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+            names = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+            if len(names) != 1:
+                return None  # not torch.save's layout: torch.load refuses it as not plain data
+            size = archive.getinfo(names[0]).file_size
+            if size > MAX_PLAIN_BYTES:
+                return (f"the result's numbers, strings and containers take {size / 2**20:.1f} MiB, more than the "
+                        f"{MAX_PLAIN_BYTES / 2**20:g} MiB a check accepts (put large data in tensors)")
+            pickle = archive.read(names[0])
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return None  # torch.load refuses it as not plain data
+    count = 0
+    try:
+        for _ in pickletools.genops(pickle):
+            count += 1
+            if count > MAX_PLAIN_ITEMS:
+                return (f"the result holds more than {MAX_PLAIN_ITEMS:,} numbers, strings and containers, "
+                        "more than a check accepts (put large data in tensors)")
+    except (ValueError, EOFError):
+        return None  # not a whole pickle: torch.load refuses it as not plain data
+    return None
 
 
 def too_large(limit: int) -> str:
