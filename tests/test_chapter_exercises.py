@@ -230,6 +230,13 @@ STOPPED_BY = {
     ("02_data_parallel", "wrong_tensor_split_and_finishing_order"): [
         "replicas [2, 3] failing, finishing in the order [3, 1, 2, 0]: the replicas whose exceptions the group holds",
     ],
+    # Right answers that first empty the check's own data on the learner side, through the stack: the list of
+    # cases in the frame of the check's function, and the gathered parts it sends back (from a patched loss).
+    # Each check counts what it compared against its own number of cases, fixed in the judge.
+    ("02_data_parallel", "wrong_tamper_emptied_cases__parts_cleared__first_failure_only__equal_weights"): [
+        "split_batch's results: the check compared 0 of 8 cases: results came back for 1 of them",
+        "the gathered outputs sent back: the check compared 0 of 3 parts: results came back for 0 of them",
+    ],
     # Gradient clipping with accumulation: clip_grad_norm_ after every micro-batch's backward, as in a single-GPU
     # loop. Under no_sync, .grad then holds one rank's partial sum, which is clipped: the step itself is wrong,
     # not only the norm it reports (the count of all-reduces is right: one per step).

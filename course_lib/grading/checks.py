@@ -14,6 +14,15 @@ for nbval and for grading.
 
 ``run_until_clean`` (chapter 10) is for checks whose case depends on timing: it runs the case
 again when a busy machine blurred it, instead of failing a correct notebook or answer.
+
+``expect_count`` (chapter 02 on) is for checks that compare many cases at once: a check counts
+what it compares, so that a learner side that sends back fewer results than the check has cases
+fails instead of leaving cases uncompared::
+
+    results = learner.call(split_batch_results, cases)
+    expect_count(results, len(cases), "split_batch's results")
+    for case, got in zip(cases, results, strict=True):
+        ...
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import torch
 
 from ..launcher import WorkerError, WorkerTimeout
 
-__all__ = ["CheckFailed", "checking", "expect", "expect_close", "expect_equal", "run_until_clean"]
+__all__ = ["CheckFailed", "checking", "expect", "expect_close", "expect_count", "expect_equal", "run_until_clean"]
 
 
 class CheckFailed(AssertionError):
@@ -53,6 +62,32 @@ def expect_equal(actual, expected, what: str, hint: str | None = None) -> None:
         if _grading():  # the grader's cases are hidden: never quote their expected value
             raise CheckFailed(what, f"got {actual!r}, which is not the expected value", hint)
         raise CheckFailed(what, f"expected {expected!r}, got {actual!r}", hint)
+
+
+def expect_count(results, count: int, what: str, unit: str = "case") -> None:
+    """The learner side sent back one result for each of the check's ``count`` cases; else CheckFailed.
+
+    A check that zips its cases with the results compares only as many cases as results came back.
+    Code on the learner side can walk the stack up to the check's worker function (``sys._getframe``)
+    and empty the list of cases it was sent there: nothing would be compared, and the check would
+    pass. So ``count`` is the check's own number, fixed in the judge (a constant, or the length of a
+    list the judge built, of which the learner side only ever got a copy), never the length of
+    anything the learner side held or returned; and the loop that follows is ``zip(..., strict=True)``.
+    ``unit``: what one case is called in the message ("pass", "step", ...).
+    """
+    held = len(results) if isinstance(results, (list, tuple, dict)) else None
+    if held == count:
+        return
+    came_back = (f"results came back for {held} of them" if held is not None
+                 else f"a {type(results).__name__} came back instead of one result per {unit}")
+    raise CheckFailed(what, f"the check compared 0 of {count} {_plural(unit, count)}: {came_back}; your code "
+                            "changed the check's own data (what it was sent, or what it sends back)",
+                      hint="compute from your function's arguments only, and leave the data of the code that "
+                           "calls it alone")
+
+
+def _plural(noun: str, count: int) -> str:
+    return noun if count == 1 else noun + ("es" if noun.endswith("s") else "s")
 
 
 def _grading() -> bool:
