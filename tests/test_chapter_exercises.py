@@ -226,6 +226,11 @@ STOPPED_BY = {
     ("03_ddp", "wrong_every_rank_whole_global_batch"): [
         "2 -> 4 ranks, stopped after 96 samples of epoch 1: the samples rank 0 ran forward: were 4.00 times its share",
     ],
+    # The right hooks, returned in handles whose remove() empties the check's list of the gradients after each
+    # pass, in the frame of the check's function on the learner side: the check counts the passes it compared.
+    ("03_ddp", "wrong_tamper_emptied_passes"): [
+        "rank 0: the gradients sent back: the check compared 0 of 1 pass: results came back for 0 of them",
+    ],
     # Every failure in an ExceptionGroup, but in the order the threads finished.
     ("02_data_parallel", "wrong_tensor_split_and_finishing_order"): [
         "replicas [2, 3] failing, finishing in the order [3, 1, 2, 0]: the replicas whose exceptions the group holds",
