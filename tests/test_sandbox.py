@@ -212,7 +212,7 @@ def test_a_sandbox_started_from_a_thread_outlives_that_thread():
 
 
 def test_the_ranks_of_a_launch_reach_each_other_only_over_the_network(routes):
-    """Each rank is kept apart in a Landlock domain of its own (course_lib.grading.apart): a secret that
+    """Each rank is kept apart in a Landlock domain of its own (course_lib.confine.apart): a secret that
     rank 1 leaves in a file, a shared-memory file, its working folder or an abstract Unix socket does not
     reach rank 0, nor does rank 1's memory or folders through /proc; only the folder the check shares.
     No rank reaches the launch server's socket (whose children would run outside the rank's domain), sends a
@@ -234,7 +234,7 @@ def test_the_ranks_of_a_launch_reach_each_other_only_over_the_network(routes):
 def test_no_landlock_means_no_sandbox_and_says_how_to_get_one(monkeypatch):
     # Without Landlock the ranks of a launch could share files and read each other's memory: grading
     # refuses (unless --no-sandbox, which marks every grade) and says what the kernel lacks.
-    from course_lib.grading import apart
+    from course_lib.confine import apart
     from course_lib.grading import sandbox as sandbox_module
 
     monkeypatch.setattr(apart, "landlock_abi", lambda: 0)
@@ -248,7 +248,7 @@ def test_the_socket_filter_allows_only_what_torch_and_gloo_use():
     # on this course's CI machine), and a keyring outlives the processes that used it.
     code = """
 import ctypes, socket
-from course_lib.grading.apart import deny_side_sockets
+from course_lib.confine.apart import deny_side_sockets
 print(deny_side_sockets())
 kinds = [(socket.AF_INET, socket.SOCK_STREAM, 0), (socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC, 6),
          (socket.AF_NETLINK, socket.SOCK_RAW, 0),                             # made: the routing tables

@@ -5,7 +5,7 @@ learner's code. The sandbox keeps a submission away from the judge, the host and
 submissions; this module keeps the ranks of one launch away from each other. Without it, rank 0
 could write its input to a file in the sandbox's shared folder (or ``/dev/shm``) and rank 1 could
 read it: an "all-reduce" that never crosses the network, whose result a check could not tell from a
-real one, and whose bytes between the ranks (course_lib.grading.tcp_flows) would be zero only where
+real one, and whose bytes between the ranks (course_lib.confine.tcp_flows) would be zero only where
 the check counts them.
 
 The tool is Landlock (Linux 5.13 and later; ``landlock_restrict_self(2)``), which an unprivileged

@@ -266,7 +266,7 @@ class Learner:
         ever holds another's data, so it must communicate to learn it).
         ``shared``: folders every rank may write (a checkpoint folder under ``scratch``). Graded in a
         sandbox, no other file is shared: each rank writes only to a folder of its own (its working
-        directory), and cannot reach another rank's files or memory (course_lib.grading.apart).
+        directory), and cannot reach another rank's files or memory (course_lib.confine.apart).
         Returns the ranks' results (data only), and with measure=True also, per rank,
         ``{"sent_bytes", "written_bytes", "peak_rss_bytes", "start_rss_bytes", "network_bytes", "sent_to", "sent_to_others"}`` as the operating
         system counted them (None off Linux). ``sent_bytes`` is what reached the other ranks over TCP
@@ -277,7 +277,7 @@ class Learner:
         the launch, all ranks together: a lower bound on communication belongs on it, as a rank can add to
         its writes with files. ``sent_to[j]``: the bytes that reached rank j over TCP connections this rank
         holds the other end of, and ``sent_to_others`` those that reached ends no rank holds (a helper's),
-        read from the kernel's socket table (course_lib.grading.tcp_flows): what a communication pattern
+        read from the kernel's socket table (course_lib.confine.tcp_flows): what a communication pattern
         leaves behind, whatever code in the rank says it ran.
         ``memory_limit``: bytes a rank's memory may grow from its start, counted as ``peak_rss_bytes``
         counts it (its helpers and files included), read from outside every 10 ms. Past them, every rank

@@ -19,8 +19,8 @@ confines its applications with). Inside:
   ``RLIMIT_NPROC``, which the kernel does not enforce for root), memory (the cgroup's limit, or a
   watchdog in the judge that ends the sandbox), CPU seconds and file size per process, and what its
   ``/tmp`` and ``/dev/shm`` hold (bytes: the tmpfs's size; files: the watchdog). Nothing the
-  learner side writes reaches the host's disk (the ranks write only below ``/tmp``: apart.py);
-* inside it, **each rank apart** from the others and from the launch server (course_lib.grading.apart:
+  learner side writes reaches the host's disk (the ranks write only below ``/tmp``: course_lib.confine.apart);
+* inside it, **each rank apart** from the others and from the launch server (course_lib.confine.apart:
   a Landlock domain of its own and a seccomp filter): what one rank knows reaches another only over TCP.
 
 A judge that grades several submissions in turn keeps its sandbox and empties it between two
@@ -60,6 +60,8 @@ import uuid
 from pathlib import Path
 from stat import S_ISLNK
 
+from ..confine.cgroups import Cgroups, cgroup_roots
+
 __all__ = ["Sandbox", "SandboxUnavailable", "sandbox_problem", "INSTALL_HINT"]
 
 INSIDE_UID = 65534
@@ -88,7 +90,7 @@ def remove_leftovers(run: str) -> None:
     """Remove the sandbox folders and cgroups of one grading run (their judges were killed)."""
     prefix = f"course-grading-{run}-"
     roots = [Path(tempfile.gettempdir())]
-    found = _cgroup_roots() if os.geteuid() == 0 else None
+    found = cgroup_roots() if os.geteuid() == 0 else None
     roots += list((found or {}).values())
     for root in roots:
         for folder in root.glob(prefix + "*"):
@@ -128,96 +130,18 @@ def sandbox_problem() -> str | None:
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         return f"bwrap could not make a sandbox ({probe.stderr.strip() or probe.returncode}): {INSTALL_HINT}"
-    from . import apart
+    from ..confine import apart
 
     if apart.landlock_abi() < 1:  # each rank keeps itself apart from the others with it (apart.py)
         return ("this kernel offers no Landlock (Linux 5.13 or later with landlock among its security modules, "
                 "see /sys/kernel/security/lsm; add it with the boot parameter lsm=landlock,...): without it the "
                 "ranks of one launch could share files and read each other's memory. Grade on such a kernel, "
                 "or with --no-sandbox")
-    if os.geteuid() == 0 and _cgroup_roots() is None:
+    if os.geteuid() == 0 and cgroup_roots() is None:
         return ("the grader runs as root, and the kernel does not limit the processes of root (RLIMIT_NPROC) "
                 "while no cgroup hierarchy with the pids and memory controllers is writable here: run the grader as "
                 "an ordinary user, or mount cgroups (/sys/fs/cgroup)")
     return None
-
-
-# --------------------------------------------------------------------------
-# cgroups (root only): the limit on processes and memory for everything in the sandbox
-# --------------------------------------------------------------------------
-def _cgroup_roots() -> dict[str, Path] | None:
-    """Where a root grader can make the sandbox's cgroups: {"v2": root} or {"pids": .., "memory": ..}."""
-    base = Path("/sys/fs/cgroup")
-    controllers = base / "cgroup.controllers"
-    if controllers.exists():
-        names = controllers.read_text().split()
-        if {"pids", "memory"} <= set(names) and os.access(base, os.W_OK):
-            return {"v2": base}
-        return None
-    roots = {name: _own_cgroup_v1(name) for name in ("pids", "memory")}
-    if all(root is not None and os.access(root, os.W_OK) for root in roots.values()):
-        return roots
-    return None
-
-
-def _own_cgroup_v1(controller: str) -> Path | None:
-    """The cgroup (v1) this process is in, for one controller."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, names, path = line.split(":", 2)
-            if controller in names.split(","):
-                mount = Path("/sys/fs/cgroup") / controller
-                return mount / path.lstrip("/") if mount.is_dir() else None
-    return None
-
-
-class _Cgroups:
-    """One sandbox's cgroups: created before it starts, joined by its first process, removed after."""
-
-    def __init__(self, roots: dict[str, Path], memory_bytes: int, processes: int):
-        name = f"{_name_prefix()}{uuid.uuid4().hex[:12]}"
-        self.v2 = "v2" in roots
-        self.dirs = [roots["v2"] / name] if self.v2 else [roots["pids"] / name, roots["memory"] / name]
-        for folder in self.dirs:
-            folder.mkdir()
-        if self.v2:
-            (self.dirs[0] / "pids.max").write_text(str(processes))
-            (self.dirs[0] / "memory.max").write_text(str(memory_bytes))
-            with contextlib.suppress(OSError):
-                (self.dirs[0] / "memory.swap.max").write_text("0")
-        else:
-            (self.dirs[0] / "pids.max").write_text(str(processes))
-            (self.dirs[1] / "memory.limit_in_bytes").write_text(str(memory_bytes))
-
-    def join_command(self) -> str:
-        """Shell lines that move the shell (soon bwrap, by exec) into the cgroups."""
-        return "".join(f"echo $$ > {shlex.quote(str(folder / 'cgroup.procs'))} || exit 97\n" for folder in self.dirs)
-
-    def holds(self, pid: int) -> bool:
-        """Whether process ``pid`` is in every one of these cgroups (the join did not fail silently)."""
-        try:
-            lines = Path(f"/proc/{pid}/cgroup").read_text()
-        except OSError:
-            return False
-        return all(f"/{folder.name}\n" in lines for folder in self.dirs)
-
-    def oom_killed(self) -> bool:
-        with contextlib.suppress(OSError, ValueError):
-            if self.v2:
-                events = dict(line.split() for line in (self.dirs[0] / "memory.events").read_text().splitlines())
-                return int(events.get("oom_kill", 0)) > 0
-            control = dict(line.split() for line in (self.dirs[1] / "memory.oom_control").read_text().splitlines())
-            return int(control.get("oom_kill", 0)) > 0
-        return False
-
-    def remove(self) -> None:
-        for folder in self.dirs:
-            for _ in range(50):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-                if not folder.exists():
-                    break
-                time.sleep(0.1)  # the last processes are still being reaped
 
 
 # --------------------------------------------------------------------------
@@ -289,7 +213,9 @@ class Sandbox:
         self.private_folders = ("/tmp", "/dev/shm")  # tmpfs mounts inside: read from outside with view_of()
         self.tmpfs_bytes, self.tmpfs_files = TMPFS_LIMIT_BYTES, TMPFS_LIMIT_FILES
         self.init_pid: int | None = None  # the sandbox's init (pid 1 inside), outside
-        self.cgroups = _Cgroups(_cgroup_roots(), memory_bytes, processes) if os.geteuid() == 0 else None
+        self.cgroups = None
+        if os.geteuid() == 0:
+            self.cgroups = Cgroups(cgroup_roots(), f"{_name_prefix()}{uuid.uuid4().hex[:12]}", memory_bytes, processes)
         self.pid: int | None = None  # bwrap's pid, outside
         self.server = None  # the launch server inside (a multiprocessing ForkServer), while it runs
         self._infrastructure: set[int] | None = None
@@ -492,10 +418,10 @@ class Sandbox:
 
     def tcp_diag(self):
         """A socket that lists the TCP connections of the sandbox's network namespace with their byte
-        counts (course_lib.grading.tcp_flows), made once, from its init process's namespace, and held
+        counts (course_lib.confine.tcp_flows), made once, from its init process's namespace, and held
         by the judge only."""
         if self._diag is None:
-            from .tcp_flows import diag_socket
+            from ..confine.tcp_flows import diag_socket
 
             init = [outside for outside, inside in self._inside_pids().items() if inside == 1]
             if not init:
@@ -629,11 +555,11 @@ class Sandbox:
         """Make this sandbox as the next submission would find a new one, without starting a new launch
         server (which imports torch: most of what a sandbox costs a submission). Every process but bwrap,
         its init and the launch server is killed, and every writable folder emptied. Nothing else of a
-        submission outlives it: its ranks were kept apart from the launch server (course_lib.grading.apart:
+        submission outlives it: its ranks were kept apart from the launch server (course_lib.confine.apart:
         no tracing, no signals, no Unix sockets, no System V or POSIX message queues), so the server is as
         it started. Only where Landlock keeps signals apart (ABI 6); False, and nothing done, where the
         sandbox cannot be reused (then close it and make another)."""
-        from . import apart
+        from ..confine import apart
 
         if self.closed or self.ended_because or self.server is None or self.pid is None or _has_exited(self.pid):
             return False

@@ -147,11 +147,11 @@ class _Meter:
 
     def _rank_flows(self):
         """Bytes per ordered pair of ranks over TCP, read from the kernel while every rank waits to be
-        released (course_lib.grading.tcp_flows); Nones where that cannot be read (not Linux, or
+        released (course_lib.confine.tcp_flows); Nones where that cannot be read (not Linux, or
         outside a sandbox where sock_diag is refused). In a sandbox, unreadable counts refuse the check."""
         if not sys.platform.startswith("linux"):
             return None, None, None
-        from ..grading.tcp_flows import diag_socket, rank_flows
+        from ..confine.tcp_flows import diag_socket, rank_flows
 
         pids = [proc.pid for proc in self.procs]
         if self.sandbox is None:  # a learner's own check, or --no-sandbox: a container may forbid sock_diag

@@ -74,7 +74,7 @@ class _Judged:
     max_result_bytes: int = 256 << 20
     counts_bytes: bool = False  # the check counts bytes sent: bytes written elsewhere are refused
     memory_limit: int | None = None  # bytes a rank's memory may grow from its start: past them, every rank is stopped
-    # In a sandbox: each rank in a Landlock domain of its own (course_lib.grading.apart), writing only
+    # In a sandbox: each rank in a Landlock domain of its own (course_lib.confine.apart), writing only
     # to a folder of its own and to these folders, which the check shares with every rank (None: not kept apart).
     apart: dict | None = None  # {"shared": [folder, ...], "readable": [folder, ...], "private_root": "/tmp"}
 

@@ -294,11 +294,11 @@ def _drop_privileges(run_as) -> None:
 
 
 def _keep_apart(apart: dict) -> None:
-    """Graded in a sandbox: this rank reaches the others only over the network (course_lib.grading.apart).
+    """Graded in a sandbox: this rank reaches the others only over the network (course_lib.confine.apart).
     Its working directory, TMPDIR and HOME become a folder of its own, in the sandbox's own /tmp (its
     limits on bytes and files hold there). Named, not found with tempfile.gettempdir(): that probes by
     writing, and with /tmp full it falls back to the working directory, the scratch folder on the host's disk."""
-    from ..grading.apart import deny_side_sockets, keep_rank_apart
+    from ..confine.apart import deny_side_sockets, keep_rank_apart
 
     private = os.path.join(apart["private_root"], f"rank-{os.getpid()}")
     keep_rank_apart(private, list(apart["shared"]), list(apart["readable"]))
