@@ -208,6 +208,13 @@ STOPPED_BY = {
         "machine 0's options: set --log-dir, which has no part in forming the job",
     ],
     ("04_launching_multinode", "wrong_tamper_many_workers_where_run"): ["machine 0's options: its workers: got 64"],
+    # Right answers that first empty the check's own lists on the learner side, through the stack: every task
+    # after the first, and every case that the check cannot run on this machine. The check counts the cases it
+    # compared against its own number of them, fixed in the judge.
+    ("04_launching_multinode", "wrong_tamper_emptied_tasks_and_machines"): [
+        "2 nodes x 2 tasks: your function's answers: the check compared 0 of 4 tasks: results came back for 1 of them",
+        "mixed_machine_commands' answers: the check compared 0 of 6 cases: results came back for 1 of them",
+    ],
     # The textbook one-pass variance, E[x^2] - E[x]^2 in float64: right without an offset, every digit lost with one.
     ("03_ddp", "wrong_fresh_optimizer__textbook_variance"): ["offset 1e+08, rank 0: global standard deviation"],
     # A run stopped mid-epoch on 2 ranks, resumed on 4 by starting the stopped epoch over (as the lesson's resume
