@@ -1,7 +1,7 @@
 """How long grading a class takes: N submissions of one chapter, half solved, half untouched.
 
 Usage: python scripts/bench_grading.py [--chapter 01_collectives] [--students 30] [--jobs N] [--max-batch 8]
-                                      [--compare sandbox|batching]
+                                      [--compare sandbox|batching|revision] [--revision REF] [--rounds 2]
 
 Grades the same class twice, side by side, and prints both wall times, their ratio, and whether
 the scores were right (solved: full marks, untouched: 0):
@@ -9,13 +9,19 @@ the scores were right (solved: full marks, untouched: 0):
   ``--no-sandbox``. The target: the sandbox costs at most 1.5x.
 * ``--compare batching``: one judge kernel per submission (--max-batch 1) against grade.py's
   default batching. The target: 30 submissions of one chapter in at most 2 minutes on 2 cores.
+* ``--compare revision --revision REF``: the grader of another commit (checked out into a temporary
+  worktree, run with the same Python environment) against this tree's, in turns (``--rounds`` of
+  each, alternating, so both meet the same load); the median of each. The target for a change to the
+  grader: at most 1.1x.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,14 +33,17 @@ sys.path.insert(0, str(REPO))
 from course_lib.launcher import available_cpus  # noqa: E402
 
 
-def grade_class(folder: Path, handed_out: Path, jobs: int, max_batch: int, sandbox: bool = True) -> tuple[float, int]:
-    """Grade the class; return the wall time and how many students scored as expected."""
+def grade_class(folder: Path, handed_out: Path, jobs: int, max_batch: int, sandbox: bool = True,
+                tree: Path = REPO) -> tuple[float, int]:
+    """Grade the class with the grader of ``tree``; return the wall time and how many students scored as expected."""
     for old in folder.glob("*/feedback.txt"):
         old.unlink()
+    # The judge's kernel and the sandbox import course_lib from the tree's folder, not the installed one.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     started = time.monotonic()
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--exercises",
+    run = subprocess.run([sys.executable, str(tree / "scripts" / "grade.py"), str(folder), "--exercises",
                           str(handed_out), "--jobs", str(jobs), "--max-batch", str(max_batch),
-                          *([] if sandbox else ["--no-sandbox"])], capture_output=True, text=True)
+                          *([] if sandbox else ["--no-sandbox"])], capture_output=True, text=True, env=env)
     seconds = time.monotonic() - started
     if run.returncode != 0:
         raise SystemExit(run.stdout + run.stderr)
@@ -51,7 +60,9 @@ def main(argv):
     parser.add_argument("--students", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=available_cpus())
     parser.add_argument("--max-batch", type=int, default=8, help="submissions per judge kernel (grade.py's default)")
-    parser.add_argument("--compare", choices=["sandbox", "batching"], default="sandbox")
+    parser.add_argument("--compare", choices=["sandbox", "batching", "revision"], default="sandbox")
+    parser.add_argument("--revision", default="HEAD", help="with --compare revision: the commit to compare with")
+    parser.add_argument("--rounds", type=int, default=2, help="with --compare revision: runs of each, alternating")
     options = parser.parse_args(argv)
     name = f"{options.chapter}.ipynb"
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,6 +75,8 @@ def main(argv):
         handed_out = Path(tmp) / "handed_out"
         handed_out.mkdir()
         shutil.copy(REPO / "exercises" / name, handed_out / name)
+        if options.compare == "revision":
+            return compare_revision(options, folder, handed_out)
         if options.compare == "sandbox":  # side by side in one run: unconfined, then sandboxed
             plain, right_plain = grade_class(folder, handed_out, options.jobs, options.max_batch, sandbox=False)
             boxed, right_boxed = grade_class(folder, handed_out, options.jobs, options.max_batch)
@@ -88,6 +101,34 @@ def main(argv):
     print(f"  speed-up {alone / batched:.2f}x; target: 30 in at most 120 s on 2 cores: {thirty:.0f} s "
           f"({measured}), {'met' if thirty <= 120 else 'NOT met'}")
     return 0 if right_alone == right_batched == n else 1
+
+
+def compare_revision(options, folder: Path, handed_out: Path) -> int:
+    """The same class graded by another commit's grader and by this tree's, in turns; the medians and their ratio."""
+    n, name = options.students, f"{options.chapter}.ipynb"
+    with tempfile.TemporaryDirectory() as tmp:
+        other = Path(tmp) / "other"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), options.revision],
+                       check=True, capture_output=True)
+        try:
+            times = {"other": [], "this": []}
+            right = {"other": set(), "this": set()}
+            for _ in range(max(1, options.rounds)):
+                for which, tree in (("other", other), ("this", REPO)):
+                    seconds, scored = grade_class(folder, handed_out, options.jobs, options.max_batch, tree=tree)
+                    times[which].append(seconds)
+                    right[which].add(scored)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)], capture_output=True)
+    before, after = statistics.median(times["other"]), statistics.median(times["this"])
+    print(f"{n} submissions of {name}, {options.jobs} jobs, {available_cpus()} cores, up to {options.max_batch} "
+          f"per judge, sandboxed, {options.rounds} rounds of each, alternating:")
+    print(f"  {options.revision}: {', '.join(f'{t:.1f}' for t in times['other'])} s (median {before:.1f} s), "
+          f"scored as expected: {sorted(right['other'])}/{n}")
+    print(f"  this tree: {', '.join(f'{t:.1f}' for t in times['this'])} s (median {after:.1f} s), "
+          f"scored as expected: {sorted(right['this'])}/{n}")
+    print(f"  this tree takes {after / before:.2f}x; target at most 1.1x: {'met' if after <= 1.1 * before else 'NOT met'}")
+    return 0 if right["other"] == right["this"] == {n} else 1
 
 
 if __name__ == "__main__":

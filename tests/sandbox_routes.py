@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import platform
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -466,6 +467,39 @@ def makes_many_files(n):
 
 outcome("many_files", learner.call, makes_many_files, 20_000, timeout=60)
 outcomes["many_files_watch"] = dict(box.watch, ended_because=box.ended_because)  # what the watchdog saw
+learner.end_sandbox()
+
+
+# ---- kernel memory in sockets nobody reads: no process's resident size shows it (here a limit of 32 MiB)
+box = learner.sandbox()
+box.socket_bytes = 32 << 20
+
+
+def fills_socket_queues(target):
+    """Datagrams queued on Unix socket pairs and netlink replies queued on routing sockets, never read:
+    the kernel keeps them, outside every process's memory."""
+    kept, held = [], 0
+    request = struct.pack("=IHHII", 32, 18, 1, 1, 0) + struct.pack("=BxHiII", 0, 0, 1, 0, 0)  # RTM_GETLINK, lo
+    while held < target and len(kept) < 4000:
+        sender, receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        sender.setblocking(False)
+        try:
+            while True:
+                held += sender.send(bytes(32768))
+        except OSError:
+            pass
+        routing = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        routing.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        for _ in range(200):
+            routing.send(request * 64)
+        kept += [sender, receiver, routing]
+    time.sleep(20)  # the judge's watchdog ends the sandbox meanwhile
+    return held
+
+
+outcome("socket_queues", learner.call, fills_socket_queues, 256 << 20, timeout=60)
+outcomes["socket_queues_watch"] = dict(box.watch, ended_because=box.ended_because)
 learner.end_sandbox()
 
 

@@ -290,6 +290,16 @@ def test_a_sandbox_emptied_for_the_next_submission_holds_nothing_of_the_last(rou
     assert all(said.startswith("refused: No such file") for said in found.values()), found
 
 
+def test_memory_held_in_socket_queues_nobody_reads_counts(routes):
+    """Datagrams queued on Unix socket pairs and netlink replies queued on routing sockets are kernel memory no
+    process's resident size (nor, for these, a cgroup) shows: the judge reads every socket's memory from
+    outside (sock_diag, course_lib.confine.socket_memory) and ends the sandbox past its limit (here 32 MiB)."""
+    queues, watch = routes["socket_queues"], routes["socket_queues_watch"]
+    assert not queues["ok"], queues
+    assert "its sockets held" in (watch["ended_because"] or ""), watch
+    assert watch["most_socket_bytes"] > 32 << 20 and watch["errors"] == 0, watch
+
+
 def test_what_the_learner_side_keeps_is_held_to_the_limits_in_memory_not_on_the_hosts_disk(routes):
     """/tmp (every rank's own folder) is a tmpfs of the sandbox's own: a submission cannot fill the host's
     disk (here with limits of 64 MiB and 2,000 files). The route many_files runs right after /tmp was filled:
@@ -322,6 +332,7 @@ def test_the_watchdog_ends_a_sandbox_over_its_file_limit_and_outlives_a_failed_l
     try:
         box.tmpfs_files, box.pid = 2000, stand_in.pid
         monkeypatch.setattr(box, "tmpfs_usage", usage)
+        monkeypatch.setattr(box, "socket_bytes_held", lambda: 0)  # a stand-in has no network namespace to read
         box._watch()
         with pytest.raises(ProcessLookupError):  # killed, and reaped by end()
             os.kill(stand_in.pid, 0)

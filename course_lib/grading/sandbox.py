@@ -77,6 +77,10 @@ FILE_SIZE_LIMIT_BYTES = 1 << 30
 TMPFS_LIMIT_BYTES = 2 << 30
 TMPFS_LIMIT_FILES = 100_000
 CPU_SECONDS_LIMIT = 3600
+# Kernel memory in the sandbox's sockets (queues of TCP, Unix and netlink sockets), which no memory limit of
+# its processes sees: gloo's connections hold a few MB each at most; a submission that fills the queues of
+# thousands of sockets nobody reads is ended here.
+SOCKET_MEMORY_LIMIT_BYTES = 1 << 30
 _REPO = Path(__file__).resolve().parents[2]
 _COURSE_LIB = _REPO / "course_lib"
 
@@ -212,6 +216,7 @@ class Sandbox:
         self.scratch.mkdir()
         self.private_folders = ("/tmp", "/dev/shm")  # tmpfs mounts inside: read from outside with view_of()
         self.tmpfs_bytes, self.tmpfs_files = TMPFS_LIMIT_BYTES, TMPFS_LIMIT_FILES
+        self.socket_bytes = SOCKET_MEMORY_LIMIT_BYTES
         self.init_pid: int | None = None  # the sandbox's init (pid 1 inside), outside
         self.cgroups = None
         if os.geteuid() == 0:
@@ -221,8 +226,10 @@ class Sandbox:
         self._infrastructure: set[int] | None = None
         self.rank_pids: set[int] = set()  # every launch's ranks (pids outside): a rank is never a "helper"
         self._watchdog: threading.Thread | None = None
-        self.watch = {"passes": 0, "most_files": 0, "errors": 0, "last_error": None}  # what the watchdog saw
+        self.watch = {"passes": 0, "most_files": 0, "most_socket_bytes": 0, "errors": 0,
+                      "last_error": None}  # what the watchdog saw
         self._diag = None  # a netlink socket that answers for the sandbox's network namespace
+        self._watch_diag = None  # the watchdog's own one (one netlink socket cannot serve two threads)
         self.ended_because: str | None = None
         self.closed = False
         atexit.register(self.close)
@@ -499,6 +506,18 @@ class Sandbox:
                         total += int(line.split()[1]) * 1024
         return total
 
+    def socket_bytes_held(self) -> int:
+        """Kernel memory the sockets of the sandbox's network namespace hold now (course_lib.confine.socket_memory)."""
+        from ..confine.socket_memory import socket_memory
+        from ..confine.tcp_flows import diag_socket
+
+        if self._watch_diag is None:
+            init = [outside for outside, inside in self._inside_pids().items() if inside == 1]
+            if not init:
+                raise LookupError("the sandbox's init process is gone")
+            self._watch_diag = diag_socket(netns_of_pid=init[0])
+        return sum(socket_memory(self._watch_diag).values())
+
     def _watch(self) -> None:
         """Without a cgroup (an ordinary user), the judge enforces the memory limit itself; and, always,
         how many files (and, with an older bwrap, bytes) the sandbox's own folders hold. A pass that
@@ -521,8 +540,14 @@ class Sandbox:
                 self.end(f"it kept {files} files ({used / 2**20:.0f} MiB) in {inside}, more than the "
                          f"{self.tmpfs_files} files ({self.tmpfs_bytes / 2**20:.0f} MiB) a submission may")
                 return True
+        in_sockets = self.socket_bytes_held()
+        self.watch["most_socket_bytes"] = max(self.watch["most_socket_bytes"], in_sockets)
+        if in_sockets > self.socket_bytes:
+            self.end(f"its sockets held {in_sockets / 2**20:.0f} MiB of the kernel's memory (queues nobody read), "
+                     f"more than the {self.socket_bytes / 2**20:.0f} MiB a submission may")
+            return True
         if self.cgroups is None:
-            total = sum(self.resident_bytes().values())
+            total = sum(self.resident_bytes().values()) + in_sockets
             if total > self.memory_bytes:
                 self.end(f"its processes used {total / 2**30:.1f} GiB of memory, more than the "
                          f"{self.memory_bytes / 2**30:g} GiB a submission may use")
@@ -537,9 +562,10 @@ class Sandbox:
         if why and not self.ended_because:
             self.ended_because = why
         server, self.server = self.server, None
-        diag, self._diag = self._diag, None
-        if diag is not None:
-            diag.close()
+        for diag in (self._diag, self._watch_diag):
+            if diag is not None:
+                diag.close()
+        self._diag = self._watch_diag = None
         if server is not None:
             with contextlib.suppress(OSError, TypeError):
                 os.close(server._forkserver_alive_fd)
