@@ -70,10 +70,11 @@ def stop_hub(process: subprocess.Popen) -> None:
         process.kill()
 
 
-def remove_users(names) -> None:
-    """The Unix users (and homes) the hub made for these learners."""
+def remove_users(names, prefix: str = "jupyter-") -> None:
+    """The Unix users (their homes, and the groups of their own) the hub made for these learners
+    (HUB_USER_PREFIX ``prefix``): only these, never another of the machine's users."""
     for name in names:
-        subprocess.run(["userdel", "--remove", f"jupyter-{name}"], capture_output=True, timeout=60)
+        subprocess.run(["userdel", "--remove", f"{prefix}{name}"], capture_output=True, timeout=60)
 
 
 def log_in(url: str, name: str, password: str, verify: str | bool = True):

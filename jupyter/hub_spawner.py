@@ -1,10 +1,12 @@
 """The class hub's spawner (jupyter/jupyterhub_config.py): each learner's JupyterLab runs
 
-* as a Unix user of the learner's own, ``jupyter-NAME``, made by the hub, with a home of its own
-  (mode 700) that gets a copy of notebooks/ and exercises/ on the first start;
+* as a Unix user of the learner's own, ``jupyter-NAME`` (``user_prefix`` + NAME), made by the hub,
+  with a home of its own (mode 700) that gets a copy of notebooks/ and exercises/ on the first start;
 * in a network namespace of its own, joined to the machine by one veth pair: the learner's ranks
   talk over a loopback no other learner reaches, and the namespace has no route to any other
-  learner's (only the hub, on the pair's other end, and the proxy, from the machine, reach it);
+  learner's (only the proxy, from the machine, reaches it). The hub's API listens on the machine's
+  127.0.0.1 alone; the learner's server reaches it through a relay the hub opens on the
+  namespace's own 127.0.0.1 (``HubRelay``), so nothing outside the machine can;
 * in a mount namespace of its own, where the course's solutions/, tests/ and .git, the hub's
   state folder, and the machine's /tmp and /dev/shm are replaced by empty folders (a private /tmp
   and /dev/shm): what is left to read is the course's lessons, library and Python environment;
@@ -26,19 +28,22 @@ import os
 import pwd
 import shutil
 import stat
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from traitlets import Integer, List, Unicode
 
-from course_lib.grading.sandbox import _own_cgroup_v1  # the grading sandbox's cgroups are found the same way
+from course_lib.confine.cgroups import own_cgroup_v1  # the grading sandbox finds its cgroups the same way
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 def _checked(result: int, what: str) -> None:
@@ -59,9 +64,10 @@ def _run(*command: str) -> None:
 # --------------------------------------------------------------------------
 # The learner's Unix user
 # --------------------------------------------------------------------------
-def system_user(learner: str, homes: Path) -> pwd.struct_passwd:
-    """``jupyter-NAME``, made on the first start (TLJH's naming), its home private to it."""
-    name = f"jupyter-{learner}"
+def system_user(learner: str, homes: Path, prefix: str = "jupyter-") -> pwd.struct_passwd:
+    """``prefix`` + NAME (``jupyter-NAME``, TLJH's naming), made on the first start, its home
+    private to it."""
+    name = f"{prefix}{learner}"
     try:
         user = pwd.getpwnam(name)
     except KeyError:
@@ -113,6 +119,69 @@ def remove_network(namespace: str, host_link: str) -> None:
         _run("ip", "netns", "del", namespace)
 
 
+def listen_in_namespace(namespace_file: str, address: str) -> socket.socket:
+    """A listening TCP socket (a free port) inside a learner's network namespace, made by this
+    (root) process: a thread of its own enters the namespace, makes the socket and ends, so the
+    hub's other threads never leave the machine's namespace."""
+    made: dict = {}
+
+    def make():
+        try:
+            with open(namespace_file) as namespace:
+                _checked(_libc.setns(namespace.fileno(), CLONE_NEWNET), "setns(network)")
+            listener = socket.socket()
+            listener.bind((address, 0))
+            listener.listen(64)
+            listener.setblocking(False)
+            made["socket"] = listener
+        except OSError as error:
+            made["error"] = error
+
+    thread = threading.Thread(target=make, name="listen-in-namespace")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise made["error"]
+    return made["socket"]
+
+
+class HubRelay:
+    """Connections to ``listener`` (in a learner's namespace) carried to the hub's API on the
+    machine's 127.0.0.1: the learner's server reaches the hub, nobody off the machine does."""
+
+    def __init__(self, listener: socket.socket, hub_port: int):
+        self.listener, self.hub_port, self.server = listener, hub_port, None
+        self.port = listener.getsockname()[1]
+
+    async def start(self) -> "HubRelay":
+        self.server = await asyncio.start_server(self._carry, sock=self.listener)
+        return self
+
+    async def _carry(self, client_reader, client_writer) -> None:
+        try:
+            hub_reader, hub_writer = await asyncio.open_connection("127.0.0.1", self.hub_port)
+        except OSError:
+            client_writer.close()
+            return
+        await asyncio.gather(_pipe(client_reader, hub_writer), _pipe(hub_reader, client_writer))
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.listener.close()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
 # --------------------------------------------------------------------------
 # The learner's limits: cgroups (v1 or v2) the learner cannot write
 # --------------------------------------------------------------------------
@@ -125,7 +194,7 @@ def cgroup_problem() -> str | None:
         missing = {"memory", "pids", "cpu"} - set((base / "cgroup.subtree_control").read_text().split())
         return f"cgroup v2 controllers {sorted(missing)} are not enabled in {base}/cgroup.subtree_control" \
             if missing else None
-    missing = [name for name in ("memory", "pids", "cpu") if _own_cgroup_v1(name) is None]
+    missing = [name for name in ("memory", "pids", "cpu") if own_cgroup_v1(name) is None]
     return f"no cgroup v1 hierarchy for {missing} under /sys/fs/cgroup" if missing else None
 
 
@@ -138,7 +207,7 @@ class LearnerCgroups:
         if self.v2:
             self.dirs = {"all": base / name}
         else:
-            self.dirs = {controller: _own_cgroup_v1(controller) / name for controller in ("memory", "pids", "cpu")}
+            self.dirs = {controller: own_cgroup_v1(controller) / name for controller in ("memory", "pids", "cpu")}
 
     def make(self, memory_bytes: int, processes: int, cpus: float) -> "LearnerCgroups":
         for folder in self.dirs.values():
@@ -243,15 +312,18 @@ class LearnerSpawner(LocalProcessSpawner):
     """One JupyterLab per learner: own user, own network and mount namespaces, limits in cgroups."""
 
     homes = Unicode("/home", config=True, help="Where the learners' homes are made")
+    user_prefix = Unicode("jupyter-", config=True, help="A learner's Unix user is this prefix and their name")
     course = Unicode(config=True, help="The course's folder (the repository)")
     copied_folders = List(["notebooks", "exercises"], config=True, help="Copied into each home at the first start")
     hidden = List(config=True, help="Folders learners must not see (covered by an empty tmpfs)")
     state = Unicode(config=True, help="The hub's state folder (root only)")
-    hub_port = Integer(config=True, help="The hub's port, reached from a learner's namespace on the pair's end")
+    hub_port = Integer(config=True, help="The hub's API port on 127.0.0.1 (reached from a learner's namespace "
+                                         "through a relay)")
     processes_limit = Integer(512, config=True, help="Processes (and threads) a learner may have at once")
     network = Unicode("10.213", config=True, help="The first two octets of the learners' /30 links")
 
     _indexes: dict = {}  # learner -> index of their link
+    _relays: dict = {}  # learner -> their HubRelay
 
     @property
     def _tag(self) -> str:
@@ -286,14 +358,16 @@ class LearnerSpawner(LocalProcessSpawner):
         problem = cgroup_problem()
         if problem:
             raise RuntimeError(f"Cannot start {self.user.name}'s server with limits: {problem}")
-        self.unix_user = user = system_user(self.user.name, Path(self.homes))
+        self.unix_user = user = system_user(self.user.name, Path(self.homes), self.user_prefix)
         copy_course(Path(self.course), Path(user.pw_dir), self.copied_folders, user)
         host_ip, learner_ip = addresses(self._index, self.network)
         await asyncio.to_thread(make_network, self.namespace, self.host_link, host_ip, learner_ip)
+        relay = await HubRelay(listen_in_namespace(f"/run/netns/{self.namespace}", "127.0.0.1"), self.hub_port).start()
+        self._relays[self.user.name] = relay
         self.cgroups = LearnerCgroups(self.cgroup_name).make(int(self.mem_limit or 2 * 2**30), self.processes_limit,
                                                              float(self.cpu_limit or 1))
         self.ip = learner_ip
-        self.hub_connect_url = f"http://{host_ip}:{self.hub_port}"
+        self.hub_connect_url = f"http://127.0.0.1:{relay.port}"  # the learner's own loopback: the relay
         self.log.info("%s: user %s, network %s (%s), limits %.1f GiB, %d processes, %.1f CPUs", self.user.name,
                       user.pw_name, self.namespace, learner_ip, int(self.mem_limit or 0) / 2**30,
                       self.processes_limit, float(self.cpu_limit or 1))
@@ -344,6 +418,9 @@ class LearnerSpawner(LocalProcessSpawner):
                         os.kill(pid, 9)
                 await asyncio.sleep(0.1)
             cgroups.remove()
+        relay = self._relays.pop(self.user.name, None)
+        if relay is not None:
+            relay.close()
         await asyncio.to_thread(remove_network, self.namespace, self.host_link)
         shutil.rmtree(Path("/run/course-hub") / self._tag, ignore_errors=True)
         self._indexes.pop(self.user.name, None)

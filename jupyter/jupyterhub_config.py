@@ -1,18 +1,27 @@
 # JupyterHub for a class on one server: `make hub` (see docs/instructors.md, "Hosting a class on one server").
 #
 # One JupyterLab per learner, started from the course's .venv (so its lab settings and its kernel
-# set-up, installed there by `make`, apply), as a Unix user of the learner's own (jupyter-NAME),
+# set-up, installed there by `make`, apply), as a Unix user of the learner's own (HUB_USER_PREFIX+NAME),
 # with a home of its own that gets a copy of notebooks/ and exercises/ on the first start, in
 # network and mount namespaces of its own and under cgroup limits (jupyter/hub_spawner.py says
 # what each gives). The hub runs as root; its state (database, cookie secret, the instructor's API
-# token, the learners' password hashes) lives in HUB_STATE, a folder only root can enter.
+# token, the learners' password hashes, the logins to hand out) lives in HUB_STATE, a folder only
+# root can enter.
+#
+# One door: learners reach the hub only through its public port, HTTPS (or, with HUB_IP=127.0.0.1,
+# a reverse proxy on the same machine that speaks HTTPS to them); the hub's own API and the
+# proxy's API listen on 127.0.0.1 alone, and every cookie the hub sets is Secure and HttpOnly.
 #
 # Set through the environment (the Makefile passes its HUB_* variables on):
 #   HUB_ROSTER             a file with the learners' user names, one a line (required): only they
-#                          may log in; each sets a password at the first login (FirstUseAuthenticator)
+#                          may log in, each with the password the hub made for them (jupyter/hub_logins.py)
 #   HUB_ADMIN              the instructor's user name (default "instructor"): the admin page, /hub/admin
 #   HUB_PORT               the port learners open (default 8000), on HUB_IP (default: every interface)
-#   HUB_SSL_CERT, HUB_SSL_KEY  a certificate and its key: the hub then speaks HTTPS only
+#   HUB_SSL_CERT, HUB_SSL_KEY  a certificate and its key (required unless HUB_IP is 127.0.0.1): the
+#                          public port speaks HTTPS only
+#   HUB_USER_PREFIX        the learners' Unix users are this prefix and the roster name (default
+#                          "jupyter-"; the hub's own tests use "hubtest.", which no class can reach:
+#                          a roster name has no '.')
 #   HUB_STATE              the hub's folder (default .hub in the repository)
 #   HUB_HOMES              where the learners' homes are made (default /home)
 #   HUB_API_TOKEN          the instructor's token for the REST API (default: made once, kept in
@@ -30,6 +39,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hub_logins import LOGINS, RosterAuthenticator, hand_out_logins  # noqa: E402
 from hub_spawner import LearnerSpawner, cgroup_problem  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +72,22 @@ def _bytes(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
 
 
+# A roster name: never a '.', so no roster name, under the default prefix, is one of the users the
+# hub's tests make (their prefix, "hubtest.", has one).
 _USER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,19}")
+_USER_PREFIX = re.compile(r"[a-z][a-z0-9_.-]{0,11}")  # with a 20-character name: Unix's 32 at most
+
+
+def _user_prefix() -> str:
+    prefix = os.environ.get("HUB_USER_PREFIX") or "jupyter-"
+    if not _USER_PREFIX.fullmatch(prefix):
+        raise SystemExit(f"HUB_USER_PREFIX={prefix!r} cannot start a Unix user name: use at most 12 lower-case "
+                         "letters, digits, '-', '_' or '.', starting with a letter (e.g. jupyter-)")
+    return prefix
+
+
+def _listens_on_loopback_only(ip: str) -> bool:
+    return ip in ("127.0.0.1", "localhost", "::1")
 
 
 def _roster() -> set[str]:
@@ -102,11 +127,18 @@ if any(CERTIFICATE):
         raise SystemExit(f"HTTPS needs both a certificate and its key as files: {' and '.join(missing)} "
                          f"{'is' if len(missing) == 1 else 'are'} missing or not a file")
     c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = CERTIFICATE
-# The hub's own API: reached by the proxy and the culler on 127.0.0.1, and by each learner's server
-# on its own link's machine end (LearnerSpawner), so it listens on every interface; its port is free
-# (two hubs, or a test beside a class, never collide) and every request to it needs a token.
+elif not _listens_on_loopback_only(c.JupyterHub.ip):
+    # Passwords and login cookies must never cross a network in plain text.
+    raise SystemExit("The hub would serve plain HTTP to the network: give it a certificate and its key "
+                     "(HUB_SSL_CERT and HUB_SSL_KEY), or put an HTTPS reverse proxy in front and set HUB_IP=127.0.0.1")
+# Every cookie the hub sets (login, session, _xsrf; and each learner's server's login cookie) is
+# sent over HTTPS only and never shown to the page's scripts.
+c.JupyterHub.tornado_settings = {"cookie_options": {"secure": True, "httponly": True}}
+# The hub's own API and the proxy's API: on 127.0.0.1 alone, on free ports (two hubs, or a test
+# beside a class, never collide). Each learner's server reaches the hub's API through a relay that
+# the hub opens inside the learner's own network namespace (LearnerSpawner), not over the network.
 HUB_PORT = _free_port()
-c.JupyterHub.hub_bind_url = f"http://0.0.0.0:{HUB_PORT}"
+c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{HUB_PORT}"
 c.JupyterHub.hub_connect_url = f"http://127.0.0.1:{HUB_PORT}"
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{_free_port()}"
 c.ConfigurableHTTPProxy.command = [str(REPO / ".venv" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy")]
@@ -116,21 +148,23 @@ c.JupyterHub.cookie_secret_file = str(STATE / "cookie_secret")
 c.JupyterHub.pid_file = str(STATE / "hub.pid")
 c.JupyterHub.cleanup_servers = True  # stopping the hub stops every learner's server
 
-# Logins: the roster's learners and the instructor, each with a password of their own, set at the
-# first login (FirstUseAuthenticator, as The Littlest JupyterHub does); nobody else.
+# Logins: the roster's learners and the instructor (the admin), each with the password the hub made
+# for them before it opened (jupyter/hub_logins.py), which the instructor hands out; nobody else.
 ADMIN = os.environ.get("HUB_ADMIN") or "instructor"
 if not _USER_NAME.fullmatch(ADMIN):
     raise SystemExit(f"HUB_ADMIN={ADMIN!r} is not a user name the hub can make (lower-case letters, digits, '-' and "
                      "'_', starting with a letter, at most 20 characters)")
+USER_PREFIX = _user_prefix()
 LEARNERS = _roster()
-c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
-c.FirstUseAuthenticator.dbm_path = str(STATE / "passwords.dbm")
-c.FirstUseAuthenticator.min_password_length = 8
+c.JupyterHub.authenticator_class = RosterAuthenticator
+c.RosterAuthenticator.state = str(STATE)
 c.Authenticator.allowed_users = LEARNERS | {ADMIN}
+c.Authenticator.allow_existing_users = False  # a name taken off the roster cannot log in any more
 c.Authenticator.admin_users = {ADMIN}
 c.JupyterHub.active_server_limit = len(LEARNERS) + 1
-print(f"{len(LEARNERS)} learners may log in (HUB_ROSTER), and {ADMIN} as the admin: each sets a password "
-      "at the first login")
+NEW_LOGINS = hand_out_logins(STATE, LEARNERS | {ADMIN})
+print(f"{len(LEARNERS)} learners may log in (HUB_ROSTER), and {ADMIN} as the admin, each with the password in "
+      f"{STATE / LOGINS} (root only; {len(NEW_LOGINS)} new): hand each learner their line")
 
 # The instructor's REST API token (a service with the admin role), and the culler of idle servers.
 c.JupyterHub.services = [
@@ -151,6 +185,7 @@ c.LearnerSpawner.course = str(REPO)
 c.LearnerSpawner.homes = os.environ.get("HUB_HOMES") or "/home"
 c.LearnerSpawner.state = str(STATE)
 c.LearnerSpawner.hub_port = HUB_PORT
+c.LearnerSpawner.user_prefix = USER_PREFIX
 # Out of the learners' sight: the answers, the graded submissions the tests keep, the history that
 # holds both, and the hub's state.
 c.LearnerSpawner.hidden = [str(REPO / name) for name in ("solutions", "tests", ".git")] + [str(STATE)]

@@ -3,9 +3,10 @@ learners (and one hostile learner) use it.
 
 Starts the hub from jupyter/jupyterhub_config.py, as root, on a free port with HTTPS (a
 certificate made for the test), a roster of three learners and an admin, its own state folder
-and its own folder of homes. Every learner logs in through the login form with a password of
-their own (set at the first login) and works with a token made from that login, never the
-instructor's. Then:
+and its own folder of homes, and Unix users of its own: their prefix, ``hubtest.``, has a '.',
+which no roster name has, so the test never touches a real class's ``jupyter-NAME`` users. Every
+learner logs in through the login form with the password the hub handed out (HUB_STATE/logins.txt)
+and works with a token made from that login, never the instructor's. Then:
 
 * every learner runs chapter 01's lesson at the same moment, cell by cell, through the hub's URL
   (the Jupyter server's REST API and the kernel's websocket, behind the proxy), with no error and
@@ -20,7 +21,7 @@ instructor's. Then:
 * linus's idle kernel is shut down by the culler.
 
 At the end the servers and the hub are stopped, no process of theirs (or of the learners' users)
-may be left, and the test removes the users it made.
+may be left, and the test removes the users (and their groups) it made, and only those.
 
 Needs root, the `hub` extra and the proxy (`make hub-deps`); without them the test is skipped with
 the reason, unless COURSE_REQUIRE_HUB=1 (CI), where it fails instead.
@@ -54,6 +55,9 @@ PROXY = REPO / ".venv" / "hub" / "node_modules" / ".bin" / "configurable-http-pr
 HUB = Path(sys.executable).parent / "jupyterhub"
 LEARNERS = ["ada", "grace", "linus"]
 ADMIN = "teacher"
+# The test's Unix users: "hubtest." and a roster name. A roster name never has a '.', so under the
+# default prefix ("jupyter-") no name of a real class is one of these.
+TEST_PREFIX = "hubtest."
 LESSON = "01_collectives.ipynb"
 KERNEL_IDLE_S = 20
 
@@ -62,7 +66,6 @@ def _missing_requirements() -> str | None:
     if os.geteuid() != 0:
         return "the class hub runs as root (it makes a user, namespaces and cgroups per learner)"
     try:
-        import firstuseauthenticator  # noqa: F401
         import jupyterhub  # noqa: F401
         import jupyterhub_idle_culler  # noqa: F401
         import requests  # noqa: F401
@@ -209,7 +212,7 @@ def _processes_of(hub_process: psutil.Process, homes: Path) -> list[psutil.Proce
         pass
     for process in psutil.process_iter():
         try:
-            if process.username().startswith("jupyter-") or process.environ().get("HOME", "").startswith(str(homes)):
+            if process.username().startswith(TEST_PREFIX) or process.environ().get("HOME", "").startswith(str(homes)):
                 found[process.pid] = process
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError):
             continue
@@ -225,7 +228,16 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
 
 
 def _remove_users():
-    remove_users([*LEARNERS, ADMIN])
+    remove_users([*LEARNERS, ADMIN], TEST_PREFIX)
+
+
+def _test_users_and_groups() -> list[str]:
+    """The machine's users and groups with the test's prefix (none before and after the test)."""
+    found = []
+    for database in ("passwd", "group"):
+        listed = subprocess.run(["getent", database], capture_output=True, text=True, timeout=60).stdout
+        found += [f"{database}:{line.split(':')[0]}" for line in listed.splitlines() if line.startswith(TEST_PREFIX)]
+    return found
 
 
 def _ada_attacks(url, instructor, learners, homes, state) -> None:
@@ -233,9 +245,9 @@ def _ada_attacks(url, instructor, learners, homes, state) -> None:
     assert ada.http.get(f"{url}/user/grace/api/contents", timeout=60).status_code == 403
     assert ada.http.get(f"{url}/hub/api/users/grace", timeout=60).status_code in (403, 404)
     probe = Kernel(ada, "ada", "probe.ipynb")
-    seen = probe.json(f"GRACE_HOME, STATE, REPO = {str(homes / 'jupyter-grace')!r}, {str(state)!r}, {str(REPO)!r}"
-                      + PROBE)
-    assert seen["user"] == "jupyter-ada" and seen["own lesson"] == "allowed", seen
+    seen = probe.json(f"GRACE_HOME, STATE, REPO = {str(homes / (TEST_PREFIX + 'grace'))!r}, {str(state)!r}, "
+                      f"{str(REPO)!r}" + PROBE)
+    assert seen["user"] == TEST_PREFIX + "ada" and seen["own lesson"] == "allowed", seen
     assert seen["grace's lesson"] == "PermissionError", seen
     assert all(outcome != "allowed" for outcome in seen["hub state"]), seen
     assert all(seen[name] in ([], "absent") for name in ("solutions", "tests", "git")), seen
@@ -282,7 +294,8 @@ def _hand_in_and_grade(tmp_path, homes, env) -> None:
     guide = (REPO / "docs" / "instructors.md").read_text().splitlines()
     collect = "\n".join(line.strip() for line in guide if line.strip().startswith(("mkdir SUBMISSIONS", "for home in")))
     assert collect.count("\n") == 1, collect
-    subprocess.run(["bash", "-c", collect], cwd=tmp_path, env={**env, "HUB_HOMES": str(homes)}, check=True)
+    subprocess.run(["bash", "-c", collect], cwd=tmp_path, env={**os.environ, **env, "HUB_HOMES": str(homes)},
+                   check=True)
     graded = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(submissions),
                              "--exercises", str(exercises)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert graded.returncode == 0, graded.stdout + graded.stderr
@@ -297,6 +310,7 @@ def _hand_in_and_grade(tmp_path, homes, env) -> None:
 @pytest.mark.timeout(1500)
 def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     import requests
+    from hub_logins import handed_out
 
     state, port, token = tmp_path / "hub", _free_port(), secrets.token_hex(32)
     homes = Path(tempfile.mkdtemp(prefix="course-hub-homes-", dir="/var/tmp"))
@@ -308,13 +322,12 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
            "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN, "HUB_HOMES": str(homes),
            "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_CPUS_PER_LEARNER": "1",
            "HUB_MEMORY_PER_LEARNER": "2G", "HUB_PROCESSES_PER_LEARNER": "400",
-           "HUB_KERNEL_IDLE_SECONDS": str(KERNEL_IDLE_S)}
-    _remove_users()
+           "HUB_KERNEL_IDLE_SECONDS": str(KERNEL_IDLE_S), "HUB_USER_PREFIX": TEST_PREFIX}
+    _remove_users()  # (left by an earlier run that was killed: the test's own users only)
     process = start_hub(env, tmp_path / "hub.log")
     hub_process = psutil.Process(process.pid)
     url = f"https://127.0.0.1:{port}"
     instructor = Hub(url, token, str(cert))
-    passwords = {name: secrets.token_urlsafe(12) for name in [*LEARNERS, ADMIN]}
     timings, started = {}, time.monotonic()
     try:
         instructor.wait_until("the hub answers over HTTPS", lambda: instructor.api("GET", "") is not None, 90)
@@ -322,7 +335,8 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         with pytest.raises(requests.exceptions.ConnectionError):
             requests.get(f"http://127.0.0.1:{port}/hub/login", timeout=10)  # plain HTTP: no answer
 
-        # Logins: a password of one's own, set at the first login; a wrong one, or a name off the roster, is refused.
+        # Logins: the passwords the hub handed out; a wrong one, or a name off the roster, is refused.
+        passwords = handed_out(state)
         learners = {name: learner_hub(url, name, passwords[name], str(cert)) for name in LEARNERS}
         assert log_in(url, "ada", passwords["ada"] + "x", str(cert))[0].status_code != 302
         assert log_in(url, "mallory", secrets.token_urlsafe(12), str(cert))[0].status_code != 302
@@ -336,7 +350,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
             hub.wait_until(f"{name}'s server is ready", lambda: (hub.server(name) or {}).get("ready"), 300)
         timings["hub and 3 servers up"] = time.monotonic() - started
         for name in LEARNERS:  # each learner's own user, private home and copy of the course
-            user = pwd.getpwnam(f"jupyter-{name}")
+            user = pwd.getpwnam(f"{TEST_PREFIX}{name}")
             home = Path(user.pw_dir)
             assert home.parent == homes and home.stat().st_mode & 0o777 == 0o700 and home.stat().st_uid == user.pw_uid
             assert (home / "notebooks" / LESSON).exists() and (home / "exercises" / LESSON).exists()
@@ -377,13 +391,26 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         cgroups = [str(path) for path in Path("/sys/fs/cgroup").rglob("course-hub-*")]
         _remove_users()
+        users_left = _test_users_and_groups()
         shutil.rmtree(homes, ignore_errors=True)
     timings["stop"] = time.monotonic() - started
     print("; ".join(f"{what} {seconds:.0f} s" for what, seconds in timings.items()))
     assert not left, "left running: " + "; ".join(" ".join(p.cmdline())[:100] for p in left)
     assert "course-" not in namespaces, namespaces
     assert not cgroups, cgroups
+    assert not users_left, users_left
     assert process.returncode is not None
+
+
+def _load_config(env: dict) -> subprocess.CompletedProcess:
+    """Load jupyter/jupyterhub_config.py as the hub does, with only these HUB_* settings; on success
+    it prints the prefix and the Unix users the roster's names would get, as JSON."""
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("HUB_")}
+    load = ("import json, sys; from traitlets.config import Config; path = sys.argv[1]; names = {'get_config': Config, "
+            "'__file__': path}; exec(compile(open(path).read(), path, 'exec'), names); c = names['c']; "
+            "print(json.dumps([c.LearnerSpawner.user_prefix + name for name in sorted(c.Authenticator.allowed_users)]))")
+    return subprocess.run([sys.executable, "-c", load, str(REPO / "jupyter" / "jupyterhub_config.py")],
+                          env={**clean, **env}, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("settings, says", [
@@ -391,18 +418,38 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     ({"HUB_ROSTER": "/nonexistent/roster.txt"}, "no such file"),
     ({"HUB_ROSTER": "ROSTER", "HUB_ADMIN": "Bad Name"}, "HUB_ADMIN='Bad Name' is not a user name"),
     ({"HUB_ROSTER": "ROSTER", "HUB_SSL_CERT": "CERT"}, "HUB_SSL_KEY is missing or not a file"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_IP": ""}, "The hub would serve plain HTTP to the network"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_IP": "0.0.0.0"}, "The hub would serve plain HTTP to the network"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_USER_PREFIX": "Bad Prefix"}, "HUB_USER_PREFIX='Bad Prefix' cannot start"),
+    ({"HUB_ROSTER": "TEST_USER_ROSTER"}, "are not user names the hub can make"),
 ])
 def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, settings, says):
     roster = tmp_path / "roster.txt"
     roster.write_text("ada\n")
+    test_user_roster = tmp_path / "test-users.txt"  # a roster naming one of the test's users
+    test_user_roster.write_text(f"ada\n{TEST_PREFIX}grace\n")
     (tmp_path / "cert.pem").write_text("")
-    values = {name: {"ROSTER": str(roster), "CERT": str(tmp_path / "cert.pem")}.get(value, value)
-              for name, value in settings.items()}
-    env = {key: value for key, value in os.environ.items() if not key.startswith("HUB_")}
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys; from traitlets.config import Config; path = sys.argv[1]; "
-                               "exec(compile(open(path).read(), path, 'exec'), {'get_config': Config, '__file__': path})",
-         str(REPO / "jupyter" / "jupyterhub_config.py")],
-        env={**env, "HUB_STATE": str(tmp_path / "state"), **values}, capture_output=True, text=True, timeout=60)
+    files = {"ROSTER": str(roster), "TEST_USER_ROSTER": str(test_user_roster), "CERT": str(tmp_path / "cert.pem")}
+    values = {name: files.get(value, value) for name, value in settings.items()}
+    loaded = _load_config({"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", **values})
     assert loaded.returncode != 0 and says in loaded.stderr, loaded.stderr[-2000:]
     assert "Traceback" not in loaded.stderr, loaded.stderr[-2000:]
+
+
+def test_no_roster_name_is_one_of_the_tests_users(tmp_path):
+    """The hub's tests remove the users they made, TEST_PREFIX + NAME: a real class, whatever its
+    roster, never has one of them (with the default prefix, or any prefix without a '.')."""
+    import json
+
+    roster = tmp_path / "roster.txt"  # the longest and oddest names a roster may hold
+    roster.write_text("ada\nhubtest\nhubtest-grace\nhubtest_linus\nz" + "9" * 19 + "\na-_\n")
+    for prefix in ("", "hubtest", "hubtest-", "course_"):
+        loaded = _load_config({"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", "HUB_ROSTER": str(roster),
+                               "HUB_ADMIN": "teacher", "HUB_USER_PREFIX": prefix})
+        assert loaded.returncode == 0, loaded.stderr[-2000:]
+        users = json.loads(loaded.stdout.strip().splitlines()[-1])
+        assert len(users) == 7 and all(len(user) <= 32 for user in users), users
+        assert all(user.startswith(prefix or "jupyter-") for user in users), users
+        assert not [user for user in users if user.startswith(TEST_PREFIX) or "." in user], users
+    assert "." in TEST_PREFIX
+    shutil.rmtree(tmp_path / "state")
