@@ -12,8 +12,8 @@ from ._lazy import lazy_names
 _WHERE = {
     **dict.fromkeys(["launch", "LaunchError", "WorkerError", "WorkerTimeout", "rank_device", "report_progress"],
                     ".launcher"),
-    **dict.fromkeys(["CheckFailed", "checking", "expect", "expect_close", "expect_equal", "run_until_clean"],
-                    ".grading.checks"),
+    **dict.fromkeys(["CheckFailed", "checking", "expect", "expect_close", "expect_count", "expect_equal",
+                     "run_until_clean"], ".grading.checks"),
 }
 __all__ = list(_WHERE)
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -13,8 +13,8 @@ on first use, so the verdicts plugin's process never imports torch.
 from .._lazy import lazy_names
 
 _WHERE = {
-    **dict.fromkeys(["CheckFailed", "checking", "expect", "expect_close", "expect_equal", "run_until_clean"],
-                    ".checks"),
+    **dict.fromkeys(["CheckFailed", "checking", "expect", "expect_close", "expect_count", "expect_equal",
+                     "run_until_clean"], ".checks"),
     **dict.fromkeys(["Learner", "AnswerRef", "hidden_seed", "in_grading"], ".judge"),
 }
 __all__ = list(_WHERE)
