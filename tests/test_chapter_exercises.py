@@ -128,7 +128,7 @@ def graded_class(request, tmp_path_factory):
 STOPPED_BY = {
     ("01_collectives", "wrong_measurement_routes"): [
         "MeasurementRefused: the ranks wrote",  # the built-in all-reduce, hidden, its bytes shaped with /dev/null
-        # gathered through /dev/shm: each rank is kept apart (course_lib.grading.apart), it cannot write there
+        # gathered through /dev/shm: each rank is kept apart (course_lib.confine.apart), it cannot write there
         "PermissionError: [Errno 13] Permission denied: '/dev/shm/gather",
         "rank 0 raised ResultTooLarge",  # a 512 MiB result, after a fork bomb
     ],
@@ -140,7 +140,7 @@ STOPPED_BY = {
     ],
     # The sum, the list and the mean exchanged beside the process group: through a file in /dev/shm, a file in
     # /tmp, an abstract Unix socket. Each rank writes only to a folder of its own and reaches no other rank's
-    # socket (course_lib.grading.apart). Without the sandbox, the mean through the socket scores.
+    # socket (course_lib.confine.apart). Without the sandbox, the mean through the socket scores.
     ("01_collectives", "wrong_files_between_ranks"): [
         "raised RuntimeError: [enforce fail at inline_container.cc:746] . open file failed with strerror: Permission",
         "raised PermissionError: [Errno 13] Permission denied: '/tmp/gather",
