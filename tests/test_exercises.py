@@ -82,6 +82,48 @@ def test_stale_missing_and_orphan_exercises_are_reported(tmp_path):
     assert sorted(p.name for p in exercises.iterdir()) == ["tiny_basics.ipynb", "tiny_collectives.ipynb"]
 
 
+def answered_copy(path: Path, how: str) -> None:
+    """A learner's work in an exercise notebook: an answer typed in, a cell run, or a cell added."""
+    notebook = nbformat.read(path, as_version=4)
+    if how == "answer":
+        cell = next(c for c in notebook.cells if nbgrader(c).get("solution"))
+        cell.source = cell.source.replace(STUB, "return x + x  # my answer")
+    elif how == "ran":
+        cell = next(c for c in notebook.cells if c.cell_type == "code")
+        cell.execution_count = 1
+    else:
+        notebook.cells.append(nbformat.v4.new_markdown_cell("my notes"))
+    nbformat.write(notebook, path)
+
+
+def test_make_exercises_never_overwrites_or_removes_a_learners_work(tmp_path):
+    """`make exercises` over an exercises/ folder a learner worked in: every answered, run or extended notebook
+    is kept in exercises/answers-kept/ (and the script says where) before a fresh copy is written; the
+    grader does not call the answered copy stale, and the check names where `make exercises` would keep it."""
+    solutions, exercises = tmp_path / "solutions", tmp_path / "exercises"
+    shutil.copytree(FIXTURES, solutions, ignore=shutil.ignore_patterns("*.py"))
+    generate(sorted(solutions.glob("*.ipynb")), exercises)
+    answered_copy(exercises / "tiny_basics.ipynb", "answer")
+    answered_copy(exercises / "tiny_collectives.ipynb", "ran")
+    (exercises / "my_notes.ipynb").write_text((exercises / "tiny_basics.ipynb").read_text())  # no solution
+    answered_copy(exercises / "my_notes.ipynb", "added")
+    work = {name: (exercises / name).read_bytes() for name in ("tiny_basics.ipynb", "tiny_collectives.ipynb",
+                                                              "my_notes.ipynb")}
+
+    assert stale_files(solutions, exercises, worked_on=False) == [
+        f"{exercises / 'my_notes.ipynb'}: no solution notebook {solutions / 'my_notes.ipynb'}"]
+    problems = stale_files(solutions, exercises)
+    assert len(problems) == 3 and all("answers-kept" in line for line in problems if "holds answers" in line)
+
+    dirs = ["--solutions", str(solutions), "--exercises", str(exercises)]
+    assert make_exercises.main(dirs) == 0
+    kept = sorted((exercises / "answers-kept").iterdir())
+    assert sorted(p.read_bytes() for p in kept) == sorted(work.values())  # every byte of the work, kept
+    assert sorted(p.name for p in exercises.glob("*.ipynb")) == ["tiny_basics.ipynb", "tiny_collectives.ipynb"]
+    assert stale_files(solutions, exercises) == []  # fresh copies; the kept ones are not taken for exercises
+    assert make_exercises.main(dirs) == 0 and len(list((exercises / "answers-kept").iterdir())) == 3  # nothing new
+
+
 def test_learner_sees_a_short_not_implemented_message(tmp_path):
     """Running the untouched exercise: the check fails with one explained line, no traceback."""
     exercise = make_exercise(read_notebook(FIXTURES / "tiny_basics.ipynb"))

@@ -238,7 +238,7 @@ def read_class(parser: argparse.ArgumentParser, options) -> tuple[list[str], dic
     missing = [n for n in names if not (options.solutions / n).exists()]
     if missing:
         parser.error(f"no solution notebook in {options.solutions} for: {', '.join(missing)}")
-    for problem in stale_files(options.solutions, options.exercises):
+    for problem in stale_files(options.solutions, options.exercises, worked_on=False):
         print(f"warning: {problem}", file=sys.stderr)
     try:
         references = {name: load_reference(options.solutions / name) for name in names}
