@@ -8,8 +8,9 @@
   127.0.0.1 alone; the learner's server reaches it through a relay the hub opens on the
   namespace's own 127.0.0.1 (``HubRelay``), so nothing outside the machine can;
 * in a mount namespace of its own, where the course's solutions/, tests/ and .git, the hub's
-  state folder, and the machine's /tmp and /dev/shm are replaced by empty folders (a private /tmp
-  and /dev/shm): what is left to read is the course's lessons, library and Python environment;
+  state folder, and the machine's /tmp, /dev/shm, /var/tmp and /run/lock are replaced by empty
+  folders (private ones, the learner's alone): what is left to read is the course's lessons,
+  library and Python environment; its /proc shows the learner's own processes only (hidepid);
 * in cgroups the learner cannot write: memory (no swap), processes and CPU time, so a memory hog,
   a fork bomb or a busy loop costs only its own learner.
 
@@ -41,6 +42,7 @@ from course_lib.confine.cgroups import own_cgroup_v1  # the grading sandbox find
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -262,24 +264,39 @@ def blocked_directories(paths) -> list[Path]:
     return sorted(blocked, key=lambda d: len(d.parts))
 
 
-SHARED_SCRATCH = (Path("/tmp"), Path("/dev/shm"))  # replaced by a private, empty one for each learner
+# Replaced by a private, empty one for each learner (where one is a link, as /var/lock is, what it
+# points to).
+SHARED_SCRATCH = (Path("/tmp"), Path("/dev/shm"), Path("/var/tmp"), Path("/run/lock"))
+
+
+def own_processes_only() -> None:
+    """A /proc of this mount namespace's own that shows a user their own processes alone
+    (hidepid=invisible: another learner's, or the hub's, are not even listed). Linux 5.8 and newer
+    give each such mount its own options; an older kernel refuses "invisible" (it would have
+    changed the machine's /proc), and the learner's server does not start."""
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+    except OSError as error:
+        raise OSError(error.errno, f"{error.strerror}: a /proc of the learner's own (hidepid=invisible) needs "
+                                   "Linux 5.8 or newer: upgrade the server's kernel") from None
 
 
 def private_view(needed, hidden, stash: Path, replaced: dict) -> None:
-    """In a new mount namespace (this process, as root): cover /tmp, /dev/shm and each directory
-    on the way to ``needed`` that learners cannot enter (a course under /root) with a tmpfs that
-    holds only the way through to ``needed``, then cover each of ``hidden`` with an empty tmpfs and
-    each file in ``replaced`` with its replacement. ``stash``: a root-only folder outside everything
-    covered, for the way's bind mounts."""
+    """In a new mount namespace (this process, as root): cover the SHARED_SCRATCH folders and
+    each directory on the way to ``needed`` that learners cannot enter (a course under /root) with
+    a tmpfs that holds only the way through to ``needed``, then cover each of ``hidden`` with an
+    empty tmpfs and each file in ``replaced`` with its replacement, and mount a /proc that shows
+    the learner's own processes only. ``stash``: a root-only folder outside everything covered, for
+    the way's bind mounts."""
     _checked(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    covered = sorted(set(blocked_directories(needed)) | {d for d in SHARED_SCRATCH if d.is_dir()},
-                     key=lambda d: len(d.parts))
+    scratch = {folder.resolve() for folder in SHARED_SCRATCH if folder.is_dir()}
+    covered = sorted(set(blocked_directories(needed)) | scratch, key=lambda d: len(d.parts))
     for number, directory in enumerate(covered):
         kept = stash / str(number)
         kept.mkdir(parents=True, exist_ok=True)
         _mount(str(directory), str(kept), None, MS_BIND | MS_REC)
-        _mount("tmpfs", str(directory), "tmpfs", 0, "mode=1777" if directory in SHARED_SCRATCH else "mode=755")
+        _mount("tmpfs", str(directory), "tmpfs", 0, "mode=1777" if directory in scratch else "mode=755")
         for child in sorted({p.relative_to(directory).parts[0] for p in needed if directory in p.parents}):
             (directory / child).mkdir() if (kept / child).is_dir() else (directory / child).touch()
             _mount(str(kept / child), str(directory / child), None, MS_BIND | MS_REC)
@@ -288,6 +305,7 @@ def private_view(needed, hidden, stash: Path, replaced: dict) -> None:
             _mount("tmpfs", str(path), "tmpfs", 0, "mode=755")
     for target, replacement in replaced.items():
         _mount(str(replacement), str(target), None, MS_BIND)
+    own_processes_only()
 
 
 def names_without_dns(folder: Path) -> dict:
@@ -383,7 +401,7 @@ class LearnerSpawner(LocalProcessSpawner):
         hidden_folders = list(self.hidden)
         stash = Path("/run/course-hub") / self._tag  # not under anything covered
         stash.mkdir(parents=True, exist_ok=True, mode=0o700)
-        replaced = names_without_dns(stash.parent)
+        replaced = names_without_dns(stash)  # (in the learner's stash: removed with it)
 
         def preexec():  # in the server's process, as root, before it starts: inherited by all it starts
             cgroups.join()
@@ -423,4 +441,6 @@ class LearnerSpawner(LocalProcessSpawner):
             relay.close()
         await asyncio.to_thread(remove_network, self.namespace, self.host_link)
         shutil.rmtree(Path("/run/course-hub") / self._tag, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the last learner of every hub on the machine: nothing left
+            Path("/run/course-hub").rmdir()
         self._indexes.pop(self.user.name, None)

@@ -124,6 +124,12 @@ print(json.dumps({
     "lessons": len(listing(REPO + "/notebooks")),
     "write the library": attempt(append, REPO + "/course_lib/__init__.py"),
     "write the kernel set-up": attempt(append, REPO + "/.venv/etc/ipython/ipython_kernel_config.py"),
+    "var tmp": listing("/var/tmp"),
+    "run lock": listing("/run/lock"),
+    "write var tmp": attempt(append, "/var/tmp/" + MARK),
+    "write run lock": attempt(append, "/run/lock/" + MARK),
+    "process owners": sorted({os.stat("/proc/" + pid).st_uid for pid in os.listdir("/proc") if pid.isdigit()}),
+    "hub listed": os.path.exists("/proc/" + str(HUB_PID)),
 }))
 """
 
@@ -240,19 +246,26 @@ def _test_users_and_groups() -> list[str]:
     return found
 
 
-def _ada_attacks(url, instructor, learners, homes, state) -> None:
+def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: str) -> None:
     ada, grace = learners["ada"], learners["grace"]
     assert ada.http.get(f"{url}/user/grace/api/contents", timeout=60).status_code == 403
     assert ada.http.get(f"{url}/hub/api/users/grace", timeout=60).status_code in (403, 404)
     probe = Kernel(ada, "ada", "probe.ipynb")
     seen = probe.json(f"GRACE_HOME, STATE, REPO = {str(homes / (TEST_PREFIX + 'grace'))!r}, {str(state)!r}, "
-                      f"{str(REPO)!r}" + PROBE)
+                      f"{str(REPO)!r}; HUB_PID, MARK = {hub_pid}, {mark!r}" + PROBE)
     assert seen["user"] == TEST_PREFIX + "ada" and seen["own lesson"] == "allowed", seen
     assert seen["grace's lesson"] == "PermissionError", seen
     assert all(outcome != "allowed" for outcome in seen["hub state"]), seen
     assert all(seen[name] in ([], "absent") for name in ("solutions", "tests", "git")), seen
     assert seen["lessons"] >= 12, seen
     assert seen["write the library"] != "allowed" and seen["write the kernel set-up"] != "allowed", seen
+    # Her own /var/tmp and /run/lock (the machine's files, MARK among them, out of sight; hers out of
+    # the machine's), and a /proc that lists her own processes only.
+    assert seen["var tmp"] == [homes.name] and seen["run lock"] == [], seen  # (the way to her home)
+    assert seen["write var tmp"] == "allowed" and seen["write run lock"] == "allowed", seen
+    for folder in ("/var/tmp", "/run/lock"):
+        assert (Path(folder) / mark).read_text() == "the machine's", folder
+    assert seen["process owners"] == [pwd.getpwnam(TEST_PREFIX + "ada").pw_uid] and not seen["hub listed"], seen
 
     listening = Kernel(grace, "grace", "listen.ipynb")
     where = listening.json(LISTEN)
@@ -318,6 +331,9 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     roster = tmp_path / "roster.txt"
     roster.write_text("# the class\n" + "\n".join(LEARNERS) + "\n")
     cert, key = _certificate(tmp_path)
+    mark = f"hubtest-{secrets.token_hex(4)}"  # a file of the machine's in /var/tmp and /run/lock
+    for folder in ("/var/tmp", "/run/lock"):
+        (Path(folder) / mark).write_text("the machine's")
     env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state),
            "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN, "HUB_HOMES": str(homes),
            "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_CPUS_PER_LEARNER": "1",
@@ -369,7 +385,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         timings["collect and grade"] = time.monotonic() - started
 
         started = time.monotonic()
-        _ada_attacks(url, instructor, learners, homes, state)
+        _ada_attacks(url, instructor, learners, homes, state, process.pid, mark)
         timings["ada's attacks"] = time.monotonic() - started
 
         started = time.monotonic()
@@ -393,6 +409,8 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         _remove_users()
         users_left = _test_users_and_groups()
         shutil.rmtree(homes, ignore_errors=True)
+        for folder in ("/var/tmp", "/run/lock"):
+            (Path(folder) / mark).unlink(missing_ok=True)
     timings["stop"] = time.monotonic() - started
     print("; ".join(f"{what} {seconds:.0f} s" for what, seconds in timings.items()))
     assert not left, "left running: " + "; ".join(" ".join(p.cmdline())[:100] for p in left)
