@@ -70,6 +70,16 @@ def stop_hub(process: subprocess.Popen) -> None:
         process.kill()
 
 
+def loopback_certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for 127.0.0.1, valid one day: a hub on this machine alone, as the
+    tests and scripts/classroom_load.py start one (the hub serves HTTPS only)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
 def remove_users(names, prefix: str = "jupyter-") -> None:
     """The Unix users (their homes, and the groups of their own) the hub made for these learners
     (HUB_USER_PREFIX ``prefix``): only these, never another of the machine's users."""

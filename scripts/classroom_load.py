@@ -234,9 +234,14 @@ def _hub_role(command: str, parent: int, servers: set[int]) -> str:
     return "other"
 
 
+# The Unix users of the measured class: a prefix with a dot, which no roster name can hold (jupyterhub_config.py),
+# so the script never makes or removes a real learner's user.
+LOAD_PREFIX = "loadtest."
+
+
 def _of_the_hub(hub_pid: int):
     def select(process: psutil.Process) -> bool:
-        if process.username().startswith("jupyter-learner"):
+        if process.username().startswith(LOAD_PREFIX):
             return True
         return process.pid == hub_pid or hub_pid in {parent.pid for parent in process.parents()}
     return select
@@ -250,7 +255,8 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
     from course_lib.torchrun import free_port
 
     sys.path.insert(0, str(REPO / "jupyter"))
-    from hub_client import Hub, learner_hub, remove_users, run_notebook, start_hub, stop_hub
+    from hub_client import Hub, learner_hub, loopback_certificate, remove_users, run_notebook, start_hub, stop_hub
+    from hub_logins import handed_out
 
     names = [f"learner{index:02d}" for index in range(learners)]
     homes = Path(tempfile.mkdtemp(prefix="classroom-homes-", dir="/var/tmp"))
@@ -259,17 +265,21 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="classroom_hub_") as root:
         roster, port, token = Path(root, "roster.txt"), free_port(), secrets.token_hex(32)
         roster.write_text("\n".join(names) + "\n")
-        env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(Path(root, "state")),
-               "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_HOMES": str(homes)}
-        remove_users(names)
+        cert, key = loopback_certificate(Path(root))
+        state = Path(root, "state")
+        env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state), "HUB_API_TOKEN": token,
+               "HUB_ROSTER": str(roster), "HUB_HOMES": str(homes), "HUB_SSL_CERT": str(cert),
+               "HUB_SSL_KEY": str(key), "HUB_USER_PREFIX": LOAD_PREFIX}
+        remove_users(names, LOAD_PREFIX)
         time.sleep(3)
         baseline = psutil.virtual_memory().used
         process = start_hub(env, Path(root, "hub.log"))
-        url = f"http://127.0.0.1:{port}"
-        instructor = Hub(url, token)
+        url = f"https://127.0.0.1:{port}"
+        instructor = Hub(url, token, str(cert))
         try:
             instructor.wait_until("the hub answers", lambda: instructor.api("GET", "") is not None, 120)
-            hubs = {name: learner_hub(url, name, secrets.token_urlsafe(12)) for name in names}
+            passwords = handed_out(state)  # made before the hub opened: one per roster name
+            hubs = {name: learner_hub(url, name, passwords[name], str(cert)) for name in names}
             for name, hub in hubs.items():
                 hub.http.post(f"{url}/hub/api/users/{name}/server", timeout=600).raise_for_status()
             for name, hub in hubs.items():
@@ -297,7 +307,7 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
             stop_hub(process)
             time.sleep(5)
             left = [p for p in psutil.process_iter() if _learners_process(p)]
-            remove_users(names)
+            remove_users(names, LOAD_PREFIX)
             shutil.rmtree(homes, ignore_errors=True)
     for run in runs:
         run["left"] = left
@@ -306,7 +316,7 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
 
 def _learners_process(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error, KeyError):
-        return process.username().startswith("jupyter-learner")
+        return process.username().startswith(LOAD_PREFIX)
     return False
 
 

@@ -226,11 +226,9 @@ def _processes_of(hub_process: psutil.Process, homes: Path) -> list[psutil.Proce
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
+    from hub_client import loopback_certificate
+
+    return loopback_certificate(folder)
 
 
 def _remove_users():
