@@ -7,10 +7,12 @@
   learner's (only the proxy, from the machine, reaches it). The hub's API listens on the machine's
   127.0.0.1 alone; the learner's server reaches it through a relay the hub opens on the
   namespace's own 127.0.0.1 (``HubRelay``), so nothing outside the machine can;
-* in a mount namespace of its own, where the course's solutions/, tests/ and .git, the hub's
-  state folder, and the machine's /tmp, /dev/shm, /var/tmp and /run/lock are replaced by empty
-  folders (private ones, the learner's alone): what is left to read is the course's lessons,
-  library and Python environment; its /proc shows the learner's own processes only (hidepid);
+* in a mount namespace of its own, where the course's folder shows only what a learner needs
+  (``COURSE_FOR_LEARNERS``: the lessons, the library, the Python environment), read-only, and
+  nothing else (no solutions/, tests/, .git, hub state, submissions, roster, grades or keys, nor
+  any file added later: deny by default); the hub's state folder and the machine's /tmp,
+  /dev/shm, /var/tmp and /run/lock are replaced by empty folders (private ones, the learner's
+  alone); its /proc shows the learner's own processes only (hidepid);
 * in cgroups the learner cannot write: memory (no swap), processes and CPU time, so a memory hog,
   a fork bomb or a busy loop costs only its own learner.
 
@@ -42,6 +44,7 @@ from course_lib.confine.cgroups import own_cgroup_v1  # the grading sandbox find
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_RDONLY, MS_REMOUNT = 1, 32
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
@@ -264,6 +267,17 @@ def blocked_directories(paths) -> list[Path]:
     return sorted(blocked, key=lambda d: len(d.parts))
 
 
+# Of the course's folder, all a learner sees (read-only); anything else there is absent.
+COURSE_FOR_LEARNERS = {
+    "notebooks": "the lessons (each learner works on a copy in their home)",
+    "exercises": "the exercises (likewise copied)",
+    "course_lib": "the library the lessons import (.venv's editable install of it points here)",
+    ".venv": "the Python environment the learner's server and kernels run from, with its Jupyter settings",
+    "README.md": "what the course is",
+    "LICENSE": "the terms the course is shared under",
+}  # (no data/: the lessons read ../data next to the learner's own notebooks, in their home)
+
+
 # Replaced by a private, empty one for each learner (where one is a link, as /var/lock is, what it
 # points to).
 SHARED_SCRATCH = (Path("/tmp"), Path("/dev/shm"), Path("/var/tmp"), Path("/run/lock"))
@@ -281,15 +295,34 @@ def own_processes_only() -> None:
                                    "Linux 5.8 or newer: upgrade the server's kernel") from None
 
 
-def private_view(needed, hidden, stash: Path, replaced: dict) -> None:
+def _bind_read_only(source: Path, target: Path) -> None:
+    target.mkdir() if source.is_dir() else target.touch()
+    _mount(str(source), str(target), None, MS_BIND | MS_REC)
+    _mount(None, str(target), None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
+def only_what_learners_need(course: Path, original: Path, visible) -> None:
+    """Cover the course's folder with an empty tmpfs (root's, read-only) and bind back, read-only,
+    only the ``visible`` entries of its ``original`` (a bind of it made before anything was covered)."""
+    _mount("tmpfs", str(course), "tmpfs", 0, "mode=755")
+    for name in visible:
+        if (original / name).exists():
+            _bind_read_only(original / name, course / name)
+    _mount("tmpfs", str(course), "tmpfs", MS_REMOUNT | MS_RDONLY, "mode=755")
+
+
+def private_view(needed, course: Path, visible, hidden, stash: Path, replaced: dict) -> None:
     """In a new mount namespace (this process, as root): cover the SHARED_SCRATCH folders and
     each directory on the way to ``needed`` that learners cannot enter (a course under /root) with
-    a tmpfs that holds only the way through to ``needed``, then cover each of ``hidden`` with an
-    empty tmpfs and each file in ``replaced`` with its replacement, and mount a /proc that shows
-    the learner's own processes only. ``stash``: a root-only folder outside everything covered, for
-    the way's bind mounts."""
+    a tmpfs that holds only the way through to ``needed``, then show of ``course`` only its
+    ``visible`` entries, read-only, cover each of ``hidden`` with an empty tmpfs and each file in
+    ``replaced`` with its replacement, and mount a /proc that shows the learner's own processes
+    only. ``stash``: a root-only folder outside everything covered, for the bind mounts."""
     _checked(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    original_course = stash / "course"  # (bound before anything is covered: the whole course)
+    original_course.mkdir(parents=True, exist_ok=True)
+    _mount(str(course), str(original_course), None, MS_BIND | MS_REC)
     scratch = {folder.resolve() for folder in SHARED_SCRATCH if folder.is_dir()}
     covered = sorted(set(blocked_directories(needed)) | scratch, key=lambda d: len(d.parts))
     for number, directory in enumerate(covered):
@@ -300,6 +333,7 @@ def private_view(needed, hidden, stash: Path, replaced: dict) -> None:
         for child in sorted({p.relative_to(directory).parts[0] for p in needed if directory in p.parents}):
             (directory / child).mkdir() if (kept / child).is_dir() else (directory / child).touch()
             _mount(str(kept / child), str(directory / child), None, MS_BIND | MS_REC)
+    only_what_learners_need(course, original_course, visible)
     for path in hidden:
         if Path(path).is_dir():  # (one under a covered directory is already out of sight)
             _mount("tmpfs", str(path), "tmpfs", 0, "mode=755")
@@ -333,7 +367,9 @@ class LearnerSpawner(LocalProcessSpawner):
     user_prefix = Unicode("jupyter-", config=True, help="A learner's Unix user is this prefix and their name")
     course = Unicode(config=True, help="The course's folder (the repository)")
     copied_folders = List(["notebooks", "exercises"], config=True, help="Copied into each home at the first start")
-    hidden = List(config=True, help="Folders learners must not see (covered by an empty tmpfs)")
+    course_visible = List(list(COURSE_FOR_LEARNERS), config=True,
+                          help="All a learner sees of the course's folder (read-only); the rest is absent")
+    hidden = List(config=True, help="Folders outside the course learners must not see (covered by an empty tmpfs)")
     state = Unicode(config=True, help="The hub's state folder (root only)")
     hub_port = Integer(config=True, help="The hub's API port on 127.0.0.1 (reached from a learner's namespace "
                                          "through a relay)")
@@ -397,7 +433,9 @@ class LearnerSpawner(LocalProcessSpawner):
         namespace_file = f"/run/netns/{self.namespace}"
         cgroups = self.cgroups
         python = Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()
-        needed = [Path(self.course).resolve(), *python, Path(user.pw_dir)]
+        course = Path(self.course).resolve()
+        needed = [course, *python, Path(user.pw_dir)]
+        visible = list(self.course_visible)
         hidden_folders = list(self.hidden)
         stash = Path("/run/course-hub") / self._tag  # not under anything covered
         stash.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -407,7 +445,7 @@ class LearnerSpawner(LocalProcessSpawner):
             cgroups.join()
             with open(namespace_file) as namespace:
                 _checked(_libc.setns(namespace.fileno(), CLONE_NEWNET), "setns(network)")
-            private_view(needed, hidden_folders, stash, replaced)
+            private_view(needed, course, visible, hidden_folders, stash, replaced)
             become_learner()
 
         return preexec

@@ -186,9 +186,9 @@ c.LearnerSpawner.homes = os.environ.get("HUB_HOMES") or "/home"
 c.LearnerSpawner.state = str(STATE)
 c.LearnerSpawner.hub_port = HUB_PORT
 c.LearnerSpawner.user_prefix = USER_PREFIX
-# Out of the learners' sight: the answers, the graded submissions the tests keep, the history that
-# holds both, and the hub's state.
-c.LearnerSpawner.hidden = [str(REPO / name) for name in ("solutions", "tests", ".git")] + [str(STATE)]
+# Out of the learners' sight: the hub's state, wherever it is kept. Of the course's folder a learner
+# sees only hub_spawner.COURSE_FOR_LEARNERS (no answers, tests, history, submissions or grades).
+c.LearnerSpawner.hidden = [str(STATE)]
 c.LearnerSpawner.processes_limit = int(os.environ.get("HUB_PROCESSES_PER_LEARNER") or 512)
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]
 KERNEL_IDLE_S = int(os.environ.get("HUB_KERNEL_IDLE_SECONDS") or 600)

@@ -14,7 +14,8 @@ and works with a token made from that login, never the instructor's. Then:
   and graded by scripts/grade.py;
 * ada, as an attacker: her token gets 403 on grace's server and is refused grace's user record;
   from her kernel she cannot read grace's files, the hub's state, solutions/, tests/ or .git, nor
-  write the course's library; she cannot connect to a port grace listens on (grace can); a memory
+  write the course's library; of the course's folder she sees only what a learner needs (files
+  planted there for the test, submissions, a roster, grades, an unknown file, are absent); she cannot connect to a port grace listens on (grace can); a memory
   hog of hers is killed by her own limit, a fork bomb stops at her process limit, and her
   `kill -9 -1` ends only her own processes, while grace trains on 4 ranks and the hub keeps
   answering;
@@ -49,6 +50,7 @@ from optional import skip_or_fail
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jupyter"))
 from hub_client import Hub, Kernel, learner_hub, log_in, remove_users, run_notebook, start_hub, stop_hub  # noqa: E402
+from hub_spawner import COURSE_FOR_LEARNERS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROXY = REPO / ".venv" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -122,6 +124,11 @@ print(json.dumps({
     "tests": listing(REPO + "/tests"),
     "git": listing(REPO + "/.git"),
     "lessons": len(listing(REPO + "/notebooks")),
+    "exercises": len(listing(REPO + "/exercises")),
+    "course listed": listing(REPO),
+    "planted": {path: attempt(read, path) for path in PLANTED},
+    "course_lib": __import__("course_lib").__file__,
+    "write the course": attempt(append, REPO + "/" + MARK),
     "write the library": attempt(append, REPO + "/course_lib/__init__.py"),
     "write the kernel set-up": attempt(append, REPO + "/.venv/etc/ipython/ipython_kernel_config.py"),
     "var tmp": listing("/var/tmp"),
@@ -244,18 +251,48 @@ def _test_users_and_groups() -> list[str]:
     return found
 
 
-def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: str) -> None:
+def _plant_in_course(mark: str) -> list[Path]:
+    """Files an instructor may keep in the course's folder, which no learner may see: collected
+    submissions, the roster, grades, and a file nobody thought of. Only names not there already
+    (the test removes what it made, and only that); the made paths, deepest first."""
+    made = []
+    for relative in (f"SUBMISSIONS/{mark}/01_collectives.ipynb", "roster.txt", "grades.csv", f"{mark}.txt"):
+        path = REPO / relative
+        if any(p.exists() for p in [path, *path.parents][: len(Path(relative).parts)]):
+            continue  # (the instructor's own: left alone)
+        for folder in reversed(path.parents[: len(Path(relative).parts) - 1]):
+            folder.mkdir()
+            made.append(folder)
+        path.write_text(f"{mark}: planted by the hub's test; no learner may read it\n")
+        made.append(path)
+    return made[::-1]
+
+
+def _remove_planted(made: list[Path]) -> None:
+    for path in made:
+        path.rmdir() if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: str, planted: list[Path]) -> None:
     ada, grace = learners["ada"], learners["grace"]
     assert ada.http.get(f"{url}/user/grace/api/contents", timeout=60).status_code == 403
     assert ada.http.get(f"{url}/hub/api/users/grace", timeout=60).status_code in (403, 404)
     probe = Kernel(ada, "ada", "probe.ipynb")
     seen = probe.json(f"GRACE_HOME, STATE, REPO = {str(homes / (TEST_PREFIX + 'grace'))!r}, {str(state)!r}, "
-                      f"{str(REPO)!r}; HUB_PID, MARK = {hub_pid}, {mark!r}" + PROBE)
+                      f"{str(REPO)!r}; HUB_PID, MARK = {hub_pid}, {mark!r}; "
+                      f"PLANTED = {[str(p) for p in planted if p.is_file()]!r}" + PROBE)
     assert seen["user"] == TEST_PREFIX + "ada" and seen["own lesson"] == "allowed", seen
     assert seen["grace's lesson"] == "PermissionError", seen
     assert all(outcome != "allowed" for outcome in seen["hub state"]), seen
     assert all(seen[name] in ([], "absent") for name in ("solutions", "tests", "git")), seen
-    assert seen["lessons"] >= 12, seen
+    assert seen["lessons"] >= 12 and seen["exercises"] >= 1, seen
+    # Of the course's folder, only what a learner needs (COURSE_FOR_LEARNERS), read-only: what an
+    # instructor keeps there, or adds later, is absent.
+    assert planted and all(outcome == "FileNotFoundError" for outcome in seen["planted"].values()), seen
+    assert set(seen["course listed"]) <= set(COURSE_FOR_LEARNERS), seen
+    assert {"notebooks", "exercises", "course_lib", ".venv"} <= set(seen["course listed"]), seen
+    assert seen["course_lib"] == str(REPO / "course_lib" / "__init__.py"), seen
+    assert seen["write the course"] != "allowed", seen
     assert seen["write the library"] != "allowed" and seen["write the kernel set-up"] != "allowed", seen
     # Her own /var/tmp and /run/lock (the machine's files, MARK among them, out of sight; hers out of
     # the machine's), and a /proc that lists her own processes only.
@@ -332,6 +369,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     mark = f"hubtest-{secrets.token_hex(4)}"  # a file of the machine's in /var/tmp and /run/lock
     for folder in ("/var/tmp", "/run/lock"):
         (Path(folder) / mark).write_text("the machine's")
+    planted = _plant_in_course(mark)
     env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state),
            "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN, "HUB_HOMES": str(homes),
            "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_CPUS_PER_LEARNER": "1",
@@ -383,7 +421,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         timings["collect and grade"] = time.monotonic() - started
 
         started = time.monotonic()
-        _ada_attacks(url, instructor, learners, homes, state, process.pid, mark)
+        _ada_attacks(url, instructor, learners, homes, state, process.pid, mark, planted)
         timings["ada's attacks"] = time.monotonic() - started
 
         started = time.monotonic()
@@ -409,6 +447,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         shutil.rmtree(homes, ignore_errors=True)
         for folder in ("/var/tmp", "/run/lock"):
             (Path(folder) / mark).unlink(missing_ok=True)
+        _remove_planted(planted)
     timings["stop"] = time.monotonic() - started
     print("; ".join(f"{what} {seconds:.0f} s" for what, seconds in timings.items()))
     assert not left, "left running: " + "; ".join(" ".join(p.cmdline())[:100] for p in left)
