@@ -2,8 +2,9 @@
 
 Introduced with chapter 01's graded exercises. ``apart`` is what each rank of a graded launch applies
 to itself before any learner code (a Landlock domain of its own, a seccomp allowlist of sockets);
-``tcp_flows`` reads, from outside the ranks, the bytes each sent each other over TCP; ``cgroups`` holds
-a group of processes to a limit on tasks and memory. The launcher (course_lib.launcher) calls the
+``tcp_flows`` reads, from outside the ranks, the bytes each sent each other over TCP, and ``socket_memory``
+what their sockets hold in the kernel (both through ``sock_diag``); ``cgroups`` holds a group of processes
+to a limit on tasks and memory. The launcher (course_lib.launcher) calls the
 first two from its ranks and its measurements; the grader's sandbox (course_lib.grading.sandbox) uses
-all three. Nothing here imports either of them.
+them all. Nothing here imports either of them.
 """

@@ -11,14 +11,13 @@ memory, and ends the sandbox past a limit (course_lib.grading.sandbox).
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 
+from . import sock_diag
+
 __all__ = ["socket_memory"]
 
-_NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
-SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NLM_F_DUMP, NLMSG_ERROR, NLMSG_DONE = 20, 0x1, 0x300, 2, 3
 _MEMINFO = struct.Struct("=9I")  # SK_MEMINFO_*: rmem_alloc, rcvbuf, wmem_alloc, sndbuf, fwd_alloc, wmem_queued, ...
 
 # Per family: the request (its struct, packed) and where the reply's attributes start, and which attribute
@@ -45,8 +44,8 @@ def socket_memory(diag: socket.socket) -> dict[str, int]:
     socket's receive queue, send queue and backlog, as the kernel counts them for its buffer limits."""
     held = {}
     for kind, requests in _requests().items():
-        held[kind] = sum(_held(meminfo) for request, start, attribute in requests
-                         for meminfo in _dump(diag, request, start, attribute))
+        held[kind] = sum(_held(meminfo) for request, start, wanted in requests
+                         for meminfo in _dump(diag, request, start, wanted))
     return held
 
 
@@ -55,36 +54,9 @@ def _held(meminfo: tuple[int, ...]) -> int:
     return rmem_alloc + max(wmem_alloc, wmem_queued) + backlog
 
 
-def _dump(diag: socket.socket, request: bytes, start: int, attribute: int):
+def _dump(diag: socket.socket, request: bytes, start: int, wanted: int):
     """Each socket's SK_MEMINFO, from one sock_diag dump."""
-    diag.send(_NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
-                                 1, 0) + request)
-    while True:
-        data = diag.recv(1 << 20)
-        offset = 0
-        while offset + _NLMSG_HEADER.size <= len(data):
-            length, kind, _, _, _ = _NLMSG_HEADER.unpack_from(data, offset)
-            if kind == NLMSG_DONE:
-                return
-            if kind == NLMSG_ERROR:
-                error = -struct.unpack_from("=i", data, offset + _NLMSG_HEADER.size)[0]
-                raise OSError(error, f"sock_diag: {os.strerror(error)}")
-            message = data[offset + _NLMSG_HEADER.size:offset + length]
-            found = _attribute(message, start, attribute)
-            if found is not None and len(found) >= _MEMINFO.size:
-                yield _MEMINFO.unpack_from(found)
-            offset += (length + 3) & ~3
-            if length < _NLMSG_HEADER.size:
-                return  # a malformed reply: stop rather than loop
-
-
-def _attribute(message: bytes, start: int, wanted: int) -> bytes | None:
-    offset = start
-    while offset + 4 <= len(message):  # (length, type, value), each 4-byte aligned
-        length, kind = struct.unpack_from("=HH", message, offset)
-        if length < 4:
-            return None
-        if kind == wanted:
-            return message[offset + 4:offset + length]
-        offset += (length + 3) & ~3
-    return None
+    for message in sock_diag.dump(diag, request):
+        found = sock_diag.attribute(message, start, wanted)
+        if found is not None and len(found) >= _MEMINFO.size:
+            yield _MEMINFO.unpack_from(found)

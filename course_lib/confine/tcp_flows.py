@@ -28,16 +28,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from . import sock_diag
+
 __all__ = ["Connection", "diag_socket", "tcp_connections", "socket_inodes", "rank_flows"]
 
 NETLINK_SOCK_DIAG = 4
-SOCK_DIAG_BY_FAMILY = 20
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_INFO = 2
 _TCP_INFO_BYTES_RECEIVED = 128  # struct tcp_info: u64 tcpi_bytes_received (Linux 4.1 on)
 _TCP_INFO_BYTES_SENT = 200  # u64 tcpi_bytes_sent, retransmitted bytes included (Linux 4.19 on)
-_NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _REQUEST = struct.Struct("=BBBBI")  # inet_diag_req_v2 without its socket id: family, protocol, ext, pad, states
 _SOCKET_ID_BYTES = 48  # inet_diag_sockid: ports, two 16-byte addresses, interface, cookie
 _MESSAGE = struct.Struct("=BBBB")  # inet_diag_msg: family, state, timer, retransmits, then the socket id
@@ -108,21 +106,8 @@ def tcp_connections(diag: socket.socket) -> dict[int, Connection]:
 def _dump(diag: socket.socket, family: int):
     request = (_REQUEST.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, 0xFFFFFFFF)
                + bytes(_SOCKET_ID_BYTES))
-    header = _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY,
-                                NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-    diag.send(header + request)
-    while True:
-        data = diag.recv(1 << 20)
-        offset = 0
-        while offset + _NLMSG_HEADER.size <= len(data):
-            length, kind, _, _, _ = _NLMSG_HEADER.unpack_from(data, offset)
-            if kind == NLMSG_DONE:
-                return
-            if kind == NLMSG_ERROR:
-                error = -struct.unpack_from("=i", data, offset + _NLMSG_HEADER.size)[0]
-                raise OSError(error, f"sock_diag: {os.strerror(error)}")
-            yield _connection(data[offset + _NLMSG_HEADER.size:offset + length], family)
-            offset += (length + 3) & ~3
+    for message in sock_diag.dump(diag, request):
+        yield _connection(message, family)
 
 
 def _connection(message: bytes, family: int) -> Connection:
