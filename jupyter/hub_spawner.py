@@ -6,7 +6,10 @@
   talk over a loopback no other learner reaches, and the namespace has no route to any other
   learner's (only the proxy, from the machine, reaches it). The hub's API listens on the machine's
   127.0.0.1 alone; the learner's server reaches it through a relay the hub opens on the
-  namespace's own 127.0.0.1 (``HubRelay``), so nothing outside the machine can;
+  namespace's own 127.0.0.1 (``HubRelay``), so nothing outside the machine can. The namespace's
+  own firewall (``LEARNER_FIREWALL``) refuses every connection the learner opens through the veth
+  (the machine's services, a Slurm controller among them, or anything beyond): deny by default.
+  Each hub on the machine holds a range of addresses of its own (``claim_network``);
 * in a mount namespace of its own, where the course's folder shows only what a learner needs
   (``COURSE_FOR_LEARNERS``: the lessons, the library, the Python environment), read-only, and
   nothing else (no solutions/, tests/, .git, hub state, submissions, roster, grades or keys, nor
@@ -105,6 +108,58 @@ def addresses(index: int, network: str = "10.213") -> tuple[str, str]:
     return prefix + str(base % 256 + 1), prefix + str(base % 256 + 2)
 
 
+# The namespace's own firewall, set by root before the learner's server starts (the learner has no
+# CAP_NET_ADMIN there, so cannot change it): the namespace answers connections made to it (the
+# proxy's, from the machine) and talks freely on its own loopback (ranks, the relay to the hub);
+# anything it would open through the veth is refused at once (a reset, not a wait).
+LEARNER_FIREWALL = """
+table inet learner {
+  chain outgoing {
+    type filter hook output priority 0; policy drop;
+    oif "lo" accept
+    ct state established,related accept
+    meta l4proto tcp reject with tcp reset
+    reject
+  }
+}
+"""
+
+
+def firewall_problem() -> str | None:
+    """Why the hub cannot keep learners off the machine's services here, or None."""
+    if shutil.which("nft") is None:
+        return ("`nft` is missing, which fences each learner's network off the machine's services: install "
+                "nftables (Debian and Ubuntu: apt-get install nftables)")
+    return None
+
+
+# Each hub on the machine holds one range (10.X.*.*) of learner addresses, so two hubs never hand out
+# the same one: an abstract Unix socket named after the range, which the kernel lets go of when the
+# hub ends, however it ends (no file to leave behind).
+LEARNER_RANGES = [f"10.{second}" for second in range(213, 245)]
+_held_ranges: list[socket.socket] = []
+
+
+def claim_network(ranges=LEARNER_RANGES) -> str:
+    """The first range of learner addresses no other hub on this machine holds, held from now on."""
+    for network in ranges:
+        holder = socket.socket(socket.AF_UNIX)
+        try:
+            holder.bind(f"\0course-hub-learners-{network}")
+        except OSError:
+            holder.close()
+            continue
+        _held_ranges.append(holder)
+        return network
+    raise RuntimeError(f"every range of learner addresses ({ranges[0]}.*.* to {ranges[-1]}.*.*) is held by another "
+                       "hub on this server: stop one of them first")
+
+
+def release_networks() -> None:
+    while _held_ranges:
+        _held_ranges.pop().close()
+
+
 def make_network(namespace: str, host_link: str, host_ip: str, learner_ip: str) -> None:
     remove_network(namespace, host_link)
     _run("ip", "netns", "add", namespace)
@@ -115,6 +170,19 @@ def make_network(namespace: str, host_link: str, host_ip: str, learner_ip: str) 
     _run(*inside, "addr", "add", f"{learner_ip}/30", "dev", "eth0")
     _run(*inside, "link", "set", "eth0", "up")
     _run(*inside, "link", "set", "lo", "up")
+    try:
+        set_firewall(namespace)
+    except RuntimeError:
+        remove_network(namespace, host_link)  # (no namespace without its firewall)
+        raise
+
+
+def set_firewall(namespace: str) -> None:
+    loaded = subprocess.run(["ip", "netns", "exec", namespace, "nft", "-f", "-"], input=LEARNER_FIREWALL,
+                            capture_output=True, text=True, timeout=60)
+    if loaded.returncode != 0:
+        raise RuntimeError(f"the firewall of network namespace {namespace} could not be set: {loaded.stderr.strip()} "
+                           "(where the kernel lacks nf_tables or nf_conntrack: `modprobe nf_tables nf_conntrack`)")
 
 
 def remove_network(namespace: str, host_link: str) -> None:
@@ -374,7 +442,8 @@ class LearnerSpawner(LocalProcessSpawner):
     hub_port = Integer(config=True, help="The hub's API port on 127.0.0.1 (reached from a learner's namespace "
                                          "through a relay)")
     processes_limit = Integer(512, config=True, help="Processes (and threads) a learner may have at once")
-    network = Unicode("10.213", config=True, help="The first two octets of the learners' /30 links")
+    network = Unicode("10.213", config=True, help="The first two octets of the learners' /30 links (claim_network: "
+                                                  "no other hub's)")
 
     _indexes: dict = {}  # learner -> index of their link
     _relays: dict = {}  # learner -> their HubRelay

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_logins import LOGINS, RosterAuthenticator, hand_out_logins  # noqa: E402
-from hub_spawner import LearnerSpawner, cgroup_problem  # noqa: E402
+from hub_spawner import LearnerSpawner, cgroup_problem, claim_network, firewall_problem  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent  # the hub runs from the course's .venv
@@ -109,7 +109,7 @@ def _roster() -> set[str]:
     return names
 
 
-_problem = cgroup_problem()
+_problem = cgroup_problem() or firewall_problem()
 if _problem:
     raise SystemExit(f"The class hub cannot keep learners apart here: {_problem}.")
 
@@ -185,6 +185,10 @@ c.LearnerSpawner.course = str(REPO)
 c.LearnerSpawner.homes = os.environ.get("HUB_HOMES") or "/home"
 c.LearnerSpawner.state = str(STATE)
 c.LearnerSpawner.hub_port = HUB_PORT
+try:  # a range of learner addresses of this hub's own (a second hub on the server takes the next)
+    c.LearnerSpawner.network = claim_network()
+except RuntimeError as error:
+    raise SystemExit(f"The class hub cannot start: {error}.") from None
 c.LearnerSpawner.user_prefix = USER_PREFIX
 # Out of the learners' sight: the hub's state, wherever it is kept. Of the course's folder a learner
 # sees only hub_spawner.COURSE_FOR_LEARNERS (no answers, tests, history, submissions or grades).

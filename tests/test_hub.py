@@ -17,7 +17,8 @@ and works with a token made from that login, never the instructor's. Then:
   write the course's library; of the course's folder she sees only what a learner needs (files
   planted there for the test, submissions, a roster, grades, an unknown file, are absent); she cannot connect to a port grace listens on (grace can); a memory
   hog of hers is killed by her own limit, a fork bomb stops at her process limit, and her
-  `kill -9 -1` ends only her own processes, while grace trains on 4 ranks and the hub keeps
+  `kill -9 -1` ends only her own processes; she cannot connect to a port the machine listens on
+  (on 0.0.0.0, or on the machine's end of her link), nor change her namespace's firewall, while grace trains on 4 ranks and the hub keeps
   answering;
 * linus's idle kernel is shut down by the culler.
 
@@ -76,9 +77,9 @@ def _missing_requirements() -> str | None:
         return f"the hub extra is not installed ({exc.name}): run `make hub-deps`"
     if not HUB.exists() or not PROXY.exists():
         return f"{HUB if not HUB.exists() else PROXY} is missing: run `make hub-deps`"
-    for tool in ("ip", "useradd", "userdel", "openssl"):
+    for tool in ("ip", "nft", "useradd", "userdel", "openssl"):
         if not shutil.which(tool):
-            return f"`{tool}` is missing (Debian: iproute2, passwd, openssl)"
+            return f"`{tool}` is missing (Debian: iproute2, nftables, passwd, openssl)"
     return None
 
 
@@ -162,6 +163,29 @@ def connect(address):
         return type(error).__name__
 
 print(json.dumps({"loopback": connect("127.0.0.1"), "grace's address": connect(ADDRESS)}))
+"""
+
+# The machine's end of the learner's link (her address less one: a /30).
+MACHINE_END = """
+import ipaddress, json, psutil
+print(json.dumps(str(ipaddress.ip_address(psutil.net_if_addrs()["eth0"][0].address) - 1)))
+"""
+
+# Ports the machine listens on, tried from a learner's namespace; and whether she may change its firewall.
+REACH_THE_MACHINE = """
+import json, socket, subprocess
+
+def connect(address, port):
+    try:
+        with socket.create_connection((address, port), timeout=5):
+            return "connected"
+    except OSError as error:
+        return type(error).__name__
+
+capabilities = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")][0]
+flush = subprocess.run(["/usr/sbin/nft", "flush", "ruleset"], capture_output=True, text=True)
+print(json.dumps({"any address": connect(MACHINE, PORTS[0]), "the link's address": connect(MACHINE, PORTS[1]),
+                  "capabilities": capabilities, "flush the firewall": flush.returncode}))
 """
 
 # grace trains on 4 ranks (all-reduces of a gradient-sized tensor, 30 s) while ada attacks.
@@ -306,6 +330,7 @@ def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: st
     where = listening.json(LISTEN)
     tried = probe.json(f"PORT, ADDRESS = {where['port']}, {where['address']!r}" + CONNECT)
     assert tried["loopback"] == "ConnectionRefusedError" and tried["grace's address"] != "connected", tried
+    _the_machine_is_out_of_reach(probe)
 
     training = Kernel(grace, "grace", "train.ipynb")
     training_request = training.send(TRAIN)
@@ -323,6 +348,21 @@ def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: st
     probe.close(delete=False)
     listening.close()
     training.close()
+
+
+def _the_machine_is_out_of_reach(probe: Kernel) -> None:
+    """The machine's services (a Slurm controller on 0.0.0.0:6817, say) refuse a learner: her
+    namespace's firewall stops every connection she opens through her link, and she cannot change it."""
+    machine = probe.json(MACHINE_END)
+    with socket.socket() as everywhere, socket.socket() as on_the_link:
+        everywhere.bind(("0.0.0.0", 0))
+        on_the_link.bind((machine, 0))
+        for listener in (everywhere, on_the_link):
+            listener.listen()
+        ports = [everywhere.getsockname()[1], on_the_link.getsockname()[1]]
+        tried = probe.json(f"MACHINE, PORTS = {machine!r}, {ports!r}" + REACH_THE_MACHINE)
+    assert tried["any address"] == tried["the link's address"] == "ConnectionRefusedError", tried
+    assert int(tried["capabilities"], 16) == 0 and tried["flush the firewall"] != 0, tried
 
 
 def _an_idle_kernel_is_culled(url, linus: Hub) -> None:
@@ -457,13 +497,16 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     assert process.returncode is not None
 
 
-def _load_config(env: dict) -> subprocess.CompletedProcess:
+USERS = "[c.LearnerSpawner.user_prefix + name for name in sorted(c.Authenticator.allowed_users)]"
+
+
+def _load_config(env: dict, show: str = USERS) -> subprocess.CompletedProcess:
     """Load jupyter/jupyterhub_config.py as the hub does, with only these HUB_* settings; on success
-    it prints the prefix and the Unix users the roster's names would get, as JSON."""
+    it prints ``show`` (by default the Unix users the roster's names would get), as JSON."""
     clean = {key: value for key, value in os.environ.items() if not key.startswith("HUB_")}
     load = ("import json, sys; from traitlets.config import Config; path = sys.argv[1]; names = {'get_config': Config, "
             "'__file__': path}; exec(compile(open(path).read(), path, 'exec'), names); c = names['c']; "
-            "print(json.dumps([c.LearnerSpawner.user_prefix + name for name in sorted(c.Authenticator.allowed_users)]))")
+            f"print(json.dumps({show}))")
     return subprocess.run([sys.executable, "-c", load, str(REPO / "jupyter" / "jupyterhub_config.py")],
                           env={**clean, **env}, capture_output=True, text=True, timeout=60)
 
@@ -489,6 +532,30 @@ def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, setting
     loaded = _load_config({"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", **values})
     assert loaded.returncode != 0 and says in loaded.stderr, loaded.stderr[-2000:]
     assert "Traceback" not in loaded.stderr, loaded.stderr[-2000:]
+
+
+def test_two_hubs_on_one_server_hand_out_distinct_learner_addresses(tmp_path):
+    """A hub holds its range of learner addresses while it runs: a second hub takes another, and
+    where none is left it refuses, saying so (the test holds only one range: a hub started beside
+    it still starts)."""
+    import json
+
+    from hub_spawner import LEARNER_RANGES, claim_network, release_networks
+
+    roster = tmp_path / "roster.txt"
+    roster.write_text("ada\n")
+    settings = {"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", "HUB_ROSTER": str(roster)}
+    try:
+        held = claim_network()  # as the first hub on this server
+        loaded = _load_config(settings, show="c.LearnerSpawner.network")
+        assert loaded.returncode == 0, loaded.stderr[-2000:]
+        second = json.loads(loaded.stdout.strip().splitlines()[-1])
+        assert second in LEARNER_RANGES and second != held, (held, second)
+        with pytest.raises(RuntimeError, match="held by another hub on this server: stop one"):
+            claim_network([held])  # (every range held: the hub refuses to start, saying so)
+    finally:
+        release_networks()
+    shutil.rmtree(tmp_path / "state")
 
 
 def test_no_roster_name_is_one_of_the_tests_users(tmp_path):
