@@ -32,6 +32,7 @@ the reason, unless COURSE_REQUIRE_HUB=1 (CI), where it fails instead.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 import pwd
 import secrets
@@ -256,6 +257,11 @@ def _processes_of(hub_process: psutil.Process, homes: Path) -> list[psutil.Proce
     return [p for p in found.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def _learner_tag(state: Path, name: str) -> str:
+    """What the hub's spawner names a learner's namespace and cgroups after (LearnerSpawner._tag)."""
+    return hashlib.sha256(f"{state.resolve()}{name}".encode()).hexdigest()[:8]
+
+
 def _certificate(folder: Path) -> tuple[Path, Path]:
     from hub_client import loopback_certificate
 
@@ -441,6 +447,8 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         for name, hub in learners.items():
             hub.wait_until(f"{name}'s server is ready", lambda: (hub.server(name) or {}).get("ready"), 300)
         timings["hub and 3 servers up"] = time.monotonic() - started
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert all(f"course-{_learner_tag(state, name)}" in listed for name in LEARNERS), listed  # named as expected
         for name in LEARNERS:  # each learner's own user, private home and copy of the course
             user = pwd.getpwnam(f"{TEST_PREFIX}{name}")
             home = Path(user.pw_dir)
@@ -480,8 +488,12 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         left = _processes_of(hub_process, homes)
         for leftover in left:
             leftover.kill()
-        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        cgroups = [str(path) for path in Path("/sys/fs/cgroup").rglob("course-hub-*")]
+        # This hub's own (another hub on the machine, a live class's, keeps its namespaces and cgroups).
+        tags = [_learner_tag(state, name) for name in [*LEARNERS, ADMIN]]
+        namespaces = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                                  text=True).stdout.splitlines()
+                      if line.split() and line.split()[0] in {f"course-{tag}" for tag in tags}]
+        cgroups = [str(path) for tag in tags for path in Path("/sys/fs/cgroup").rglob(f"course-hub-{tag}")]
         _remove_users()
         users_left = _test_users_and_groups()
         shutil.rmtree(homes, ignore_errors=True)
@@ -491,7 +503,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     timings["stop"] = time.monotonic() - started
     print("; ".join(f"{what} {seconds:.0f} s" for what, seconds in timings.items()))
     assert not left, "left running: " + "; ".join(" ".join(p.cmdline())[:100] for p in left)
-    assert "course-" not in namespaces, namespaces
+    assert not namespaces, namespaces
     assert not cgroups, cgroups
     assert not users_left, users_left
     assert process.returncode is not None
