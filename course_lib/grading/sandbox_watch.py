@@ -40,13 +40,17 @@ class WatchedFromOutside:
         counts (course_lib.confine.tcp_flows), made once, from its init process's namespace, and held
         by the judge only."""
         if self._diag is None:
-            from ..confine.tcp_flows import diag_socket
-
-            init = [outside for outside, inside in self._inside_pids().items() if inside == 1]
-            if not init:
-                raise LookupError("the sandbox's init process is gone")
-            self._diag = diag_socket(netns_of_pid=init[0])
+            self._diag = self._namespace_diag()
         return self._diag
+
+    def _namespace_diag(self):
+        """A new sock_diag socket made in the sandbox's network namespace (from its init process's)."""
+        from ..confine.tcp_flows import diag_socket
+
+        init = [outside for outside, inside in self._inside_pids().items() if inside == 1]
+        if not init:
+            raise LookupError("the sandbox's init process is gone")
+        return diag_socket(netns_of_pid=init[0])
 
     def bytes_in_files_since(self, since: float) -> int:
         """Bytes in the files of the sandbox's writable folders written since ``since`` (time.time())."""
@@ -109,13 +113,9 @@ class WatchedFromOutside:
     def socket_bytes_held(self) -> int:
         """Kernel memory the sockets of the sandbox's network namespace hold now (course_lib.confine.socket_memory)."""
         from ..confine.socket_memory import socket_memory
-        from ..confine.tcp_flows import diag_socket
 
         if self._watch_diag is None:
-            init = [outside for outside, inside in self._inside_pids().items() if inside == 1]
-            if not init:
-                raise LookupError("the sandbox's init process is gone")
-            self._watch_diag = diag_socket(netns_of_pid=init[0])
+            self._watch_diag = self._namespace_diag()
         return sum(socket_memory(self._watch_diag).values())
 
     def _watch(self) -> None:
