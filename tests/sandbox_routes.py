@@ -82,7 +82,7 @@ JUDGES = {"authkey": bytes(multiprocessing.current_process().authkey).hex(), "ar
 
 def leaves_a_daemon(marker):
     if os.fork() == 0:
-        os.setsid()
+        os.setpgid(0, 0)  # out of the rank's process group (a session of its own is refused: see starts_sessions)
         if os.fork() == 0:
             time.sleep(120)
             os._exit(0)
@@ -500,6 +500,68 @@ def fills_socket_queues(target):
 
 outcome("socket_queues", learner.call, fills_socket_queues, 256 << 20, timeout=60)
 outcomes["socket_queues_watch"] = dict(box.watch, ended_because=box.ended_because)
+learner.end_sandbox()
+
+
+# ---- sessions: with the kernel's autogroups, each session weighs as much as any other; a submission's busy
+# processes in a hundred sessions would take a hundred shares of the CPU from the submissions graded beside it
+SPINNERS = """
+import os, sys
+for _ in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        try:
+            os.setsid()
+        except OSError:
+            os.setpgid(0, 0)
+        while True:
+            pass
+"""
+
+
+def starts_sessions(spinners):
+    import subprocess
+
+    found = {}
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            os._exit(0)
+        except OSError as exc:
+            os._exit(exc.errno)
+    found["setsid_errno"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    # What torchrun's agent does for each worker: start_new_session=True, later os.killpg(worker.pid, sig).
+    worker = subprocess.Popen([sys.executable, "-S", "-c", "import os; print(os.getpgid(0), os.getsid(0))"],
+                              start_new_session=True, stdout=subprocess.PIPE, text=True)
+    group, session = map(int, worker.communicate(timeout=30)[0].split())
+    found["popen"] = {"own_group": group == worker.pid, "same_session": session == os.getsid(0)}
+    # torchrun's agent is a Python of its own that starts the workers: the same holds there.
+    agent = ("import os, subprocess, sys\n"
+             "w = subprocess.Popen([sys.executable, '-S', '-c', 'import os; print(os.getpgid(0), os.getsid(0))'],"
+             " start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
+             "group, session = map(int, w.communicate()[0].split())\n"
+             "print(group == w.pid, session == os.getsid(0))\n")
+    found["agents_popen"] = subprocess.run([sys.executable, "-c", agent], capture_output=True, text=True,
+                                           timeout=60).stdout.split()
+    subprocess.run([sys.executable, "-S", "-c", SPINNERS, str(spinners)], check=True, timeout=60)
+    return found
+
+
+def autogroup_of(pid):
+    try:
+        return open(f"/proc/{pid}/autogroup").read().split()[0]
+    except OSError:
+        return None
+
+
+box = learner.sandbox()
+outcome("starts_sessions", learner.call, starts_sessions, 20)
+time.sleep(0.5)
+inside = box.processes_inside()[1:]  # bwrap's own process (outside the pid namespace) runs nothing of the learner's
+outcomes["cpu_share"] = {"processes": len(inside), "autogroups": sorted({autogroup_of(pid) for pid in inside} - {None}),
+                         "cpu_cgroup": box.cgroups is not None and any(d.parent.name == "cpu" for d in box.cgroups.dirs),
+                         "holds_all": box.cgroups is not None and all(box.cgroups.holds(pid) for pid in inside)}
+print(json.dumps({"cpu_share": outcomes["cpu_share"]}), flush=True)
 learner.end_sandbox()
 
 

@@ -5,6 +5,7 @@ on the learner side in a sandbox; these tests read what happened. Skipped only w
 machine cannot make a sandbox (then grade.py refuses to grade, which test_grading.py checks).
 """
 
+import errno
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.confine.cgroups import cgroup_roots, cpu_sharing
 from course_lib.grading.sandbox import sandbox_problem
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +59,22 @@ def test_the_learner_side_sees_nothing_of_the_host(routes):
 def test_a_detached_daemon_dies_with_the_submissions_sandbox(routes):
     assert routes["leaves_a_daemon"]["ok"]
     assert routes["daemon_gone"]["alive_after"] == []
+
+
+def test_a_submission_cannot_take_more_than_its_share_of_the_cpu(routes):
+    """setsid is refused in every rank (a session is an autogroup: one more share of the CPU each); what asks
+    subprocess for a new session (torchrun's agent) gets a process group in the same session instead; and after
+    twenty busy processes tried, the sandbox's processes are all in one autogroup and, where the judge is root
+    with a CPU controller, in its CPU cgroup (scripts/bench_cpu_share.py measures the effect on a neighbour)."""
+    assert routes["starts_sessions"]["ok"], routes["starts_sessions"]
+    found = routes["starts_sessions"]["value"]
+    assert found["setsid_errno"] == errno.EPERM
+    assert found["popen"] == {"own_group": True, "same_session": True}
+    assert found["agents_popen"] == ["True", "True"], found
+    share = routes["cpu_share"]
+    assert share["processes"] >= 20 + 2 and len(share["autogroups"]) == 1, share
+    how, _ = cpu_sharing(cgroup_roots() if routes["judge"]["euid"] == 0 else None)
+    assert share["cpu_cgroup"] == share["holds_all"] == (how == "cgroup"), (share, how)
 
 
 def test_a_fork_bomb_is_stopped_by_the_process_limit(routes):

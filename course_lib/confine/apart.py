@@ -22,8 +22,8 @@ makes a domain of its own:
 
 - sockets (seccomp, ``deny_side_sockets``), an allowlist: it may make TCP sockets, netlink sockets to
   the kernel's routing tables and Unix socket pairs, and nothing else (no Unix socket of its own, no
-  UDP, SCTP, vsock, other netlink...); it cannot use io_uring, make System V or POSIX IPC objects, or
-  touch the kernel's keyrings.
+  UDP, SCTP, vsock, other netlink...); it cannot use io_uring, make System V or POSIX IPC objects,
+  touch the kernel's keyrings, or start a session (its CPU share is its submission's).
 
 What is left between two ranks: TCP on the sandbox's loopback (what ``tcp_flows`` counts per pair of
 ranks), the folders a check shares, and what every process may read of another (``/proc/<pid>/stat``,
@@ -39,7 +39,7 @@ import socket
 import struct
 import sys
 
-__all__ = ["landlock_abi", "keep_rank_apart", "deny_side_sockets"]
+__all__ = ["landlock_abi", "keep_rank_apart", "deny_side_sockets", "sessions_become_process_groups"]
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on x86-64 and arm64
 _CREATE_RULESET_VERSION = 1
@@ -169,14 +169,19 @@ def _system_paths() -> list[str]:
 # io_uring_setup/enter/register (io_uring makes and connects sockets without calling socket(2)); shmget,
 # semget, msgget and mq_open (System V and POSIX IPC objects outlive the processes that made them: a
 # sandbox emptied for the next submission must hold nothing of the last one's); add_key, request_key and
-# keyctl (the kernel's keyrings outlive the processes too, and are shared by every process of a user).
+# keyctl (the kernel's keyrings outlive the processes too, and are shared by every process of a user);
+# setsid (with the kernel's autogroups, every session gets as much of the CPU as any other: a submission that
+# put each of a hundred busy processes in a session of its own would take a hundred shares from the
+# submissions graded beside it; course_lib.confine.cgroups.cpu_sharing). A program that asks subprocess for a
+# new session (torchrun's agent does, for each worker) gets a process group of its own instead
+# (``sessions_become_process_groups``): what it signals with os.killpg is the same group of processes.
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1
 _NETLINK_ROUTE, _IPPROTO_TCP = 0, 6
 # Per machine: the audit arch, the numbers of socket(2) and socketpair(2), those refused outright (io_uring's
-# three, the IPC four, the keyring three) and, on x86-64, the x32 ABI's bit.
-_MACHINES = {"x86_64": (0xC000003E, 41, 53, (425, 426, 427, 29, 64, 68, 240, 248, 249, 250), 0x40000000),
-             "aarch64": (0xC00000B7, 198, 199, (425, 426, 427, 194, 190, 186, 180, 217, 218, 219), None)}
+# three, the IPC four, the keyring three, setsid) and, on x86-64, the x32 ABI's bit.
+_MACHINES = {"x86_64": (0xC000003E, 41, 53, (425, 426, 427, 29, 64, 68, 240, 248, 249, 250, 112), 0x40000000),
+             "aarch64": (0xC00000B7, 198, 199, (425, 426, 427, 194, 190, 186, 180, 217, 218, 219, 157), None)}
 _LD, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # classic BPF: ld [k], jeq, jge, and, ret
 _ARG0, _ARG1, _ARG2 = 16, 24, 32  # seccomp_data.args[i]'s low 32 bits (the kernel reads these as ints)
 
@@ -252,3 +257,16 @@ def deny_side_sockets() -> bool:
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
         raise _fail("prctl(PR_SET_SECCOMP)")
     return True
+
+
+def sessions_become_process_groups() -> None:
+    """subprocess.Popen(start_new_session=True) makes a process group of its own instead (``process_group=0``),
+    since the filter above refuses setsid, in this process and in every Python it starts (a ``sitecustomize``
+    first on their path: course_lib/confine/sessions_as_groups). torchrun's agent starts each worker so and
+    ends it with os.killpg(worker.pid), which a process group answers the same way."""
+    from .sessions_as_groups import sitecustomize
+
+    sitecustomize.sessions_become_process_groups()
+    folder = os.path.dirname(os.path.abspath(sitecustomize.__file__))
+    sys.path.insert(0, folder)  # a launcher that builds its children's path from sys.path keeps it first too
+    os.environ["PYTHONPATH"] = os.pathsep.join([folder, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])

@@ -3,7 +3,7 @@
 Introduced with the graded exercises (chapter 01 on): the grader's sandbox (course_lib.grading.sandbox)
 puts every process of a submission in cgroups of its own when the grader is root, where the kernel
 counts threads and memory for the whole group, children and daemons included (``RLIMIT_NPROC`` does not
-hold for root). Below both the launcher and the grader, beside ``apart`` and ``tcp_flows``, so that any
+hold for root), and where the CPU controller is there, shares the CPU among the group as one (``cpu_sharing``). Below both the launcher and the grader, beside ``apart`` and ``tcp_flows``, so that any
 group of processes the course starts (a submission, an emulated machine) can be held the same way.
 """
 
@@ -15,11 +15,12 @@ import shlex
 import time
 from pathlib import Path
 
-__all__ = ["Cgroups", "cgroup_roots", "own_cgroup_v1"]
+__all__ = ["Cgroups", "cgroup_roots", "own_cgroup_v1", "cpu_sharing"]
 
 
 def cgroup_roots() -> dict[str, Path] | None:
-    """Where a root grader can make the sandbox's cgroups: {"v2": root} or {"pids": .., "memory": ..}."""
+    """Where a root grader can make the sandbox's cgroups: {"v2": root} or {"pids": .., "memory": ..} (and
+    "cpu" where that controller's hierarchy is writable too: cgroup v1)."""
     base = Path("/sys/fs/cgroup")
     controllers = base / "cgroup.controllers"
     if controllers.exists():
@@ -29,8 +30,61 @@ def cgroup_roots() -> dict[str, Path] | None:
         return None
     roots = {name: own_cgroup_v1(name) for name in ("pids", "memory")}
     if all(root is not None and os.access(root, os.W_OK) for root in roots.values()):
-        return roots
+        cpu = own_cgroup_v1("cpu")
+        return roots | ({"cpu": cpu} if cpu is not None and os.access(cpu, os.W_OK) else {})
     return None
+
+
+def cpu_sharing(roots: dict[str, Path] | None) -> tuple[str | None, str]:
+    """How the CPU is shared between groups of processes the course starts (a submission being graded),
+    so that one that runs a hundred busy processes gets no more of it than one that runs one:
+    ("cgroup", why), ("session", why) or (None, why not).
+
+    - "cgroup": each group gets a CPU cgroup of its own at the default weight (root, with the CPU
+      controller here): it weighs as much as any other cgroup or session beside it, whatever it runs.
+    - "session": each group runs in a session of its own and may not start another (seccomp refuses
+      setsid: course_lib.confine.apart); the kernel's autogroups then give every session one equal
+      share. That holds only where autogroups are on and this process is in the CPU controller's root
+      group (the kernel ignores autogroups inside any other CPU cgroup).
+    """
+    if roots and ("cpu" in roots or ("v2" in roots and "cpu" in _enabled_below(roots["v2"]))):
+        return "cgroup", "each submission's processes share one CPU cgroup at the default weight"
+    autogroups = _autogroups_on()
+    if autogroups is None:
+        return None, "this kernel has no autogroups (CONFIG_SCHED_AUTOGROUP) and no CPU cgroup can be made here"
+    if not autogroups:
+        return None, "the kernel's autogroups are off (sysctl kernel.sched_autogroup_enabled=0)"
+    if not _in_cpu_root():
+        return None, ("this process is in a CPU cgroup below the root, where the kernel ignores autogroups, "
+                      "and it cannot make CPU cgroups of its own (not root)")
+    return "session", "each submission runs in a session of its own (an autogroup) and cannot start another"
+
+
+def _autogroups_on() -> bool | None:
+    """Whether the kernel's autogroups are on (None: a kernel without them)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
+
+
+def _enabled_below(root: Path) -> list[str]:
+    with contextlib.suppress(OSError):
+        return (root / "cgroup.subtree_control").read_text().split()
+    return []
+
+
+def _in_cpu_root() -> bool:
+    """Whether this process is in the root group of the CPU controller (v1: its hierarchy's root, or no
+    such hierarchy; v2: a cgroup without a CPU weight, which only the root and groups without the
+    controller lack)."""
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        with contextlib.suppress(OSError):
+            path = Path("/proc/self/cgroup").read_text().splitlines()[0].split(":", 2)[2]
+            return not (Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.weight").exists()
+        return False
+    own = own_cgroup_v1("cpu")
+    return own is None or (own / "release_agent").exists()  # only a hierarchy's root has release_agent
 
 
 def own_cgroup_v1(controller: str) -> Path | None:
@@ -50,6 +104,8 @@ class Cgroups:
     def __init__(self, roots: dict[str, Path], name: str, memory_bytes: int, processes: int):
         self.v2 = "v2" in roots
         self.dirs = [roots["v2"] / name] if self.v2 else [roots["pids"] / name, roots["memory"] / name]
+        if not self.v2 and "cpu" in roots:
+            self.dirs.append(roots["cpu"] / name)  # at the default weight: see cpu_sharing
         for folder in self.dirs:
             folder.mkdir()
         if self.v2:

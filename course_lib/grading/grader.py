@@ -63,6 +63,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from ..confine.cgroups import cgroup_roots, cpu_sharing
 from ..launcher import available_cpus
 from .exercises import stale_files
 # Some names below are not used here: the tests and scripts import them from this module.
@@ -188,6 +189,19 @@ def parse_options(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.
     options.setup_timeout = max(options.setup_timeout, options.cell_timeout)
     options.secret = secrets.token_hex(16)  # this run's hidden cases: known to no submission
     return options
+
+
+def one_at_a_time_unless_cpu_is_shared(options: argparse.Namespace) -> None:
+    """Submissions are graded side by side only where each gets its share of the CPU whatever it runs
+    (course_lib.confine.cgroups.cpu_sharing); elsewhere a submission that leaves a hundred processes
+    busy would slow the checks of those graded beside it toward their time limits, so one at a time."""
+    how, why = cpu_sharing(cgroup_roots() if os.geteuid() == 0 else None)
+    if how is None and options.jobs > 1:
+        print(f"grade.py: grading one notebook at a time, not {options.jobs}: {why}, so nothing here keeps one "
+              "submission's processes from taking the CPU of those graded beside it. To grade side by side, run "
+              "the grader as root (each submission then gets a CPU cgroup of its own) or on a machine with the "
+              "kernel's autogroups on (sysctl kernel.sched_autogroup_enabled=1) outside any CPU cgroup.", flush=True)
+        options.jobs = 1
 
 
 def csv_destination_problem(path: Path) -> str | None:
@@ -327,6 +341,7 @@ def main(argv: list[str]) -> int:
         if problem:
             print(f"grade.py: cannot grade: {problem}", file=sys.stderr)
             return 2
+        one_at_a_time_unless_cpu_is_shared(options)
     names, references, students = read_class(parser, options)
     maxima = {name: references[name].max_points for name in names}
     if options.keep_work:

@@ -298,11 +298,12 @@ def _keep_apart(apart: dict) -> None:
     Its working directory, TMPDIR and HOME become a folder of its own, in the sandbox's own /tmp (its
     limits on bytes and files hold there). Named, not found with tempfile.gettempdir(): that probes by
     writing, and with /tmp full it falls back to the working directory, the scratch folder on the host's disk."""
-    from ..confine.apart import deny_side_sockets, keep_rank_apart
+    from ..confine.apart import deny_side_sockets, keep_rank_apart, sessions_become_process_groups
 
     private = os.path.join(apart["private_root"], f"rank-{os.getpid()}")
     keep_rank_apart(private, list(apart["shared"]), list(apart["readable"]))
     deny_side_sockets()
+    sessions_become_process_groups()
     os.chdir(private)
     os.environ.update(TMPDIR=private, HOME=private)
     tempfile.tempdir = None
