@@ -24,6 +24,7 @@ The life of one launch, and the module of each step (start reading at launching.
                     the failing rank's traceback, or every rank's stack    (meanwhile: live.py)
 """
 
+from ..confine.out_of_memory import LAUNCH_SERVER_OOM_SCORE_ADJ, prefer_as_victim
 from .devices import available_cpus, choose_backend, rank_device, rank_gpu, threads_per_rank
 from .errors import LaunchError, MeasurementRefused, MemoryLimitExceeded, UnsendableResult, WorkerError
 from .launching import launch
@@ -63,6 +64,7 @@ __all__ = [
 
 if _importing_in_launch_server():  # the server's preload ends with this package: all of it is imported
     _freeze_the_preload()
+    prefer_as_victim(LAUNCH_SERVER_OOM_SCORE_ADJ)  # out of memory: after the ranks, before the kernel
 
 if _in_notebook_kernel():  # start the launch server while the learner reads the first cells
     warm_up()

@@ -27,6 +27,7 @@ from multiprocessing.connection import wait as wait_for_any
 
 import cloudpickle
 
+from ..confine.out_of_memory import describe_limit, oom_kills
 from .errors import MemoryLimitExceeded, UnsendableResult, WorkerError
 from .failures import _gather_failure
 from .measuring import _MEMORY_SAMPLE_SECONDS, _Meter
@@ -152,6 +153,7 @@ class _Inbox:
         self.entered = set()  # ranks that have entered fn
         self.conn_rank = {id(conn): rank for rank, conn in enumerate(result_conns)}
         self.sentinel_rank = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+        self.oom_kills_before = oom_kills()  # to tell a rank the OOM killer ended from one killed otherwise
 
     def watched(self) -> list:
         """What to wait on: each pending rank's result pipe and its process's exit."""
@@ -200,7 +202,15 @@ class _Inbox:
         proc = self.procs[rank]
         proc.join(1)
         reason = f"the worker process {_describe_exit(proc.exitcode)} before returning"
+        if proc.exitcode == -signal.SIGKILL and _rose(self.oom_kills_before, oom_kills()):
+            reason = (f"out of memory: {describe_limit()}, and the kernel's out-of-memory killer ended this rank "
+                      "(it was killed by SIGKILL). Use less memory per rank or fewer ranks, or shut down the kernels of "
+                      "notebooks you are not using (each holds memory, with its launch server)")
         return WorkerError(rank, "ProcessDied", reason, "", self.world_size)
+
+
+def _rose(before: int | None, now: int | None) -> bool:
+    return before is not None and now is not None and now > before
 
 
 def _describe_exit(code) -> str:

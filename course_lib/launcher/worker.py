@@ -28,6 +28,7 @@ from datetime import timedelta
 
 import cloudpickle
 
+from ..confine.out_of_memory import prefer_as_victim
 from .devices import _SEES_ALL_GPUS_VARIABLE, rank_gpu
 from .live import _PROGRESS_FILE_VARIABLE
 from .measuring import _resident_bytes
@@ -73,6 +74,7 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
 def _become_a_rank(spec: _WorkerSpec, result_conn) -> None:
     """Everything before torch: this process's output, environment, user, and its tie to the kernel."""
     os.setpgrp()  # own process group: Ctrl-C in a terminal reaches only the parent, which stops us
+    prefer_as_victim()  # out of memory, a rank dies before the notebook's kernel (course_lib.confine.out_of_memory)
     _redirect_stdio(spec.out_path, spec.err_path, spec.output_fds)
     _dump_stacks_on_signal(spec)
     _adopt_notebook_state(spec)
