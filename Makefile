@@ -3,7 +3,7 @@
 #
 #   make lab                 JupyterLab on the course folder (notebooks/, exercises/, solutions/),
 #                            opening the first lesson in a browser
-#   make lab-server          the same, headless (for a remote server): prints the URL to open
+#   make lab-server          the same, headless (for a remote server): prints the URL that opens chapter 00
 #   make test                unit tests of course_lib, nbval over every solution notebook, every
 #                            lesson in JupyterLab or under nbval (as on an 8-core machine), 00 with
 #                            spawned workers, 03, 06 and 07 on PyTorch's plain CPU kernels, the
@@ -91,7 +91,8 @@ lock:
 	  --universal --python-version 3.11.5 --custom-compile-command "make lock" $(UPGRADE) -o requirements.lock
 
 lab-server: $(STAMP)
-	$(VENV)/bin/jupyter lab $(LAB_FILES) --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) $(LAB_ROOT) $(LAB_OPTIONS)
+	$(VENV)/bin/jupyter lab $(LAB_FILES) --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) $(LAB_ROOT) \
+	  --LabApp.default_url=/lab/tree/notebooks/00_preflight.ipynb $(LAB_OPTIONS)
 
 # The suite runs as if on an 8-core laptop (each rank gets 8 // world_size intra-op threads),
 # so the many-core code paths are exercised on a small CI machine too. Chapter 00, a learner's first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,10 @@ def test_a_slurm_chapter_is_not_stored_while_no_cluster_answers(monkeypatch, cap
     monkeypatch.setattr(execute_notebooks, "execute", lambda path: pytest.fail(f"{path} was executed"))
     assert execute_notebooks.main(["notebooks/04_launching_multinode.ipynb"]) == 1
     assert "make slurm-up" in capsys.readouterr().err
+
+
+def test_the_class_folder_the_grading_docs_name_is_never_committed():
+    """docs/grading.md has the instructor put the class's notebooks in SUBMISSIONS/ inside the course's
+    folder: git must ignore it, or `git add -A` puts learners' work into the course's history."""
+    ignored = subprocess.run(["git", "check-ignore", "-q", "SUBMISSIONS/ada/01_collectives.ipynb"], cwd=REPO)
+    assert ignored.returncode == 0, "add /SUBMISSIONS/ to .gitignore"

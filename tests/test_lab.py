@@ -40,6 +40,10 @@ def test_the_lab_opens_the_course_folder_so_exercises_and_solutions_are_reachabl
         assert listing is not None, "make lab-server did not answer within 120 s"
         names = {entry["name"] for entry in listing["content"]}
         assert {"notebooks", "exercises", "solutions"} <= names, names
+        # The URL it prints opens chapter 00, as `make lab` does (not JupyterLab's empty launcher).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/?token={token}", timeout=30) as reply:
+            assert reply.url.startswith(f"http://127.0.0.1:{port}/lab/tree/notebooks/00_preflight.ipynb"), reply.url
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.communicate(timeout=30)
+        printed = server.communicate(timeout=30)[0]
+    assert f"http://127.0.0.1:{port}/lab/tree/notebooks/00_preflight.ipynb?token=" in printed, printed[-3000:]
