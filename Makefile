@@ -8,6 +8,7 @@
 #                            lesson in JupyterLab or under nbval (as on an 8-core machine), 00 with
 #                            spawned workers, 03, 06 and 07 on PyTorch's plain CPU kernels, the
 #                            grading of every chapter's submissions; then a table of durations
+#   make test-quick          the inner loop (under 5 minutes on 2 cores): the library, chapter 01, a small class
 #   make notebook NB=notebooks/01_collectives.ipynb   nbval over one notebook
 #   make execute             re-execute and store every lesson and solution notebook (authors)
 #   make exercises           regenerate exercises/ from solutions/ (authors, instructors)
@@ -36,7 +37,7 @@ LAB_FILES := --ServerApp.root_dir="$(CURDIR)" notebooks/00_preflight.ipynb
 LAB_PORT ?= 8888
 LAB_OPTIONS ?=
 
-.PHONY: lock test-oldest test-latest test-range setup lab lab-server test unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
+.PHONY: lock test-oldest test-latest test-range setup lab lab-server test test-quick unit notebooks notebook execute exercises bench clean browser-deps site slurm-up slurm-down hub hub-deps
 
 setup: $(STAMP)
 
@@ -174,6 +175,15 @@ hub: $(HUB_STAMP)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -v
+
+# The inner loop while developing (CONTRIBUTING): the library's tests, chapter 01's lesson and solution
+# under nbval, and the grading of a small class of chapter 01 (tests/test_grading.py); without the
+# browser, the hub, Slurm, the sandbox's attacks and every chapter's class, which `make test` runs.
+QUICK_SKIP := test_browser test_chapter_exercises test_hub test_hub_door test_slurm test_sandbox \
+  test_notebook_kernel test_torchrun_claims test_setup
+test-quick: $(STAMP)
+	$(TEST_ENV) COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(foreach t,$(QUICK_SKIP),--ignore=tests/$(t).py) \
+	  notebooks/01_collectives.ipynb solutions/01_collectives.ipynb $(NBVAL) $(PARALLEL) -q
 
 # The supported range's two ends, each in an environment of its own (.venv-oldest, .venv-latest):
 # every direct dependency at the lowest version pyproject.toml allows, or everything at the newest

@@ -2,6 +2,7 @@
 
 import os
 import re
+import subprocess
 import sysconfig
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
@@ -174,6 +175,44 @@ def test_the_durations_table_shows_each_tests_cpu_where_it_was_counted():
     assert [line.split()[-2] for line in used_most] == ["tests/a.py::one", "tests/b.py::three", "tests/a.py::two"]
     plain = table([run] + [{k: v for k, v in e.items() if k != "test_cpu_seconds"} for e in counted[1:]], top=5)
     assert "CPU  tests/" not in plain and "used the most CPU" not in plain
+
+
+def test_the_durations_table_splits_the_cpu_by_chapter():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("durations_table", REPO / "scripts" / "test_durations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    entries = [{"stage": "s", "test": None, "seconds": 100.0},
+               {"stage": "s", "test": "tests/test_browser.py::test_lesson_runs_in_jupyterlab_as_stored[03_ddp.ipynb]",
+                "seconds": 40.0, "test_cpu_seconds": 30.0},
+               {"stage": "s", "test": "notebooks/03_ddp.ipynb::Cell 4", "seconds": 3.0, "test_cpu_seconds": 2.0},
+               {"stage": "s", "test": "notebooks/03_ddp.ipynb::Cell 5", "seconds": 3.0, "test_cpu_seconds": 2.5},
+               {"stage": "s", "test": "solutions/11_putting_it_together.ipynb::Cell 2", "seconds": 9.0,
+                "test_cpu_seconds": 7.0},
+               {"stage": "s", "test": "tests/test_chapter_exercises.py::test_grading_rewards_right_answers_and_only_"
+                                      "them[01_collectives]", "seconds": 600.0, "test_cpu_seconds": 800.0},
+               {"stage": "s", "test": "tests/test_launch.py::test_x", "seconds": 5.0, "test_cpu_seconds": 4.0}]
+    rows = {line.split(" | ")[0].strip("| "): line for line in module.chapter_table(entries).splitlines()}
+    assert rows["03"] == "| 03 | 30 | 4 | - | 34 | 46 |"  # 2.0 + 2.5 rounds to 4
+    assert rows["11"] == "| 11 | - | - | 7 | 7 | 9 |"
+    assert rows["grading every chapter's test submissions (one grade.py run)"].endswith("| 800 | 600 |")
+    assert rows["the rest (library, grader, sandbox, hub, Slurm, tools)"].endswith("| 4 | 5 |")
+
+
+def test_make_test_quick_runs_the_library_chapter_01_and_a_small_class():
+    """What `make test-quick` (CONTRIBUTING, docs/testing.md) runs, read from make itself (a dry run: the
+    whole of it is `make test`'s too)."""
+    run = subprocess.run(["make", "-n", "test-quick"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    command = run.stdout.replace("\\\n", " ").strip().splitlines()[-1]
+    for part in ("-m pytest tests", "notebooks/01_collectives.ipynb", "solutions/01_collectives.ipynb", "--nbval"):
+        assert part in command, command
+    for left_out in ("test_browser", "test_chapter_exercises", "test_hub"):
+        assert f"--ignore=tests/{left_out}.py" in command, command
+    ignored = re.findall(r"--ignore=(\S+)", command)
+    assert ignored and all((REPO / path).exists() for path in ignored), ignored  # no name that has gone
+    assert "--ignore=tests/test_grading.py" not in command  # the small class it grades
 
 
 def _into_the_root_cpu_cgroup():  # as a pytest outside `make test`'s own cgroups starts
