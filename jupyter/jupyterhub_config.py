@@ -160,7 +160,12 @@ c.JupyterHub.authenticator_class = RosterAuthenticator
 c.RosterAuthenticator.state = str(STATE)
 c.Authenticator.allowed_users = LEARNERS | {ADMIN}
 c.Authenticator.allow_existing_users = False  # a name taken off the roster cannot log in any more
-c.Authenticator.admin_users = {ADMIN}
+# The instructor's login is no JupyterHub admin: that role may open every learner's server
+# (access:servers), and a learner's page opened there (a notebook the learner marked trusted, a file from
+# their ~/.jupyter) would run the learner's JavaScript on the hub's own origin with the instructor's rights.
+# The instructor's role below has the admin page and starts and stops servers, and opens none; the admin
+# role is the API token's alone (a terminal's curl, never a browser).
+c.Authenticator.admin_users = set()
 c.JupyterHub.active_server_limit = len(LEARNERS) + 1
 NEW_LOGINS = hand_out_logins(STATE, LEARNERS | {ADMIN})
 print(f"{len(LEARNERS)} learners may log in (HUB_ROSTER), and {ADMIN} as the admin, each with the password in "
@@ -173,8 +178,12 @@ c.JupyterHub.services = [
      "command": [sys.executable, "-m", "jupyterhub_idle_culler",
                  f"--timeout={int(float(os.environ.get('HUB_IDLE_MINUTES') or 20) * 60)}"]},
 ]
+INSTRUCTOR_SCOPES = ["admin-ui", "list:users", "read:users", "read:users:activity", "read:servers", "admin:servers",
+                     "read:hub", "list:services", "read:services"]
 c.JupyterHub.load_roles = [
     {"name": "admin", "services": ["instructor"]},
+    {"name": "class-instructor", "description": "the admin page; learners' servers started and stopped, never opened",
+     "users": [ADMIN], "scopes": INSTRUCTOR_SCOPES},
     {"name": "idle-culler", "services": ["idle-culler"],
      "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
 ]

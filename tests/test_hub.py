@@ -447,6 +447,12 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         for name, hub in learners.items():
             hub.wait_until(f"{name}'s server is ready", lambda: (hub.server(name) or {}).get("ready"), 300)
         timings["hub and 3 servers up"] = time.monotonic() - started
+        # The instructor's login opens no learner's server (docs/instructors.md, "Read a learner's work"): a page
+        # of the learner's would run the learner's JavaScript on the hub's origin with the instructor's rights.
+        for path in ("lab", "api/contents", f"files/notebooks/{LESSON}"):
+            reply = admin.get(f"{url}/user/ada/{path}", timeout=60)
+            assert reply.status_code == 403 and "nbformat" not in reply.text, (path, reply.status_code, reply.url)
+        assert admin.get(f"{url}/hub/admin", timeout=60).status_code == 200  # the admin page still
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         assert all(f"course-{_learner_tag(state, name)}" in listed for name in LEARNERS), listed  # named as expected
         for name in LEARNERS:  # each learner's own user, private home and copy of the course
