@@ -453,6 +453,8 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
             reply = admin.get(f"{url}/user/ada/{path}", timeout=60)
             assert reply.status_code == 403 and "nbformat" not in reply.text, (path, reply.status_code, reply.url)
         assert admin.get(f"{url}/hub/admin", timeout=60).status_code == 200  # the admin page still
+        reply = learners["grace"].http.get(f"{url}/user/ada/lab", timeout=60)  # nor does a classmate's
+        assert reply.status_code == 403, (reply.status_code, reply.url)
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         assert all(f"course-{_learner_tag(state, name)}" in listed for name in LEARNERS), listed  # named as expected
         for name in LEARNERS:  # each learner's own user, private home and copy of the course

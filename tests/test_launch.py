@@ -251,7 +251,8 @@ def test_hang_reports_every_rank_stack_within_the_timeout(tmp_path, start_method
     assert "rank 1: finished fn, waiting for the other ranks" in message
     assert "rank 0: inside the collective all_reduce" in message
     assert info.value.where[0].state == "collective" and info.value.where[0].collective == "all_reduce"
-    assert "never joined" in message
+    assert "never joined" in message.splitlines()[1]  # the cause first (its second line), the stacks after it
+    assert message.splitlines()[2] == "Where each rank was:"
     rank0 = info.value.stacks[0]
     assert "in only_rank_zero_reduces" in rank0[0] and rank0[-1].endswith("in all_reduce")
     pids = read_pids(tmp_path)

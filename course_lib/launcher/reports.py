@@ -63,16 +63,15 @@ class WorkerTimeout(LaunchError):
                       for rank in range(world_size)}
         if phase == "startup":
             head = (f"the ranks did not all start within {timeout:g} s "
-                    f"({len(finished)} of {world_size} had entered fn). Where each rank was:")
+                    f"({len(finished)} of {world_size} had entered fn).")
         else:
-            head = (f"timed out after {timeout:g} s with {len(finished)} of {world_size} ranks "
-                    "finished. Where each rank was:")
-        lines = [head]
+            head = f"timed out after {timeout:g} s with {len(finished)} of {world_size} ranks finished."
+        # The cause first, then the evidence: a long report's useful line must not come last.
+        lines = [head, _diagnosis(self.where, phase), "Where each rank was:"]
         for rank in range(world_size):
             lines.append(self.where[rank].summary())
             if rank not in finished:
                 lines.extend(f"    {frame}" for frame in stacks.get(rank, ["(no stack available)"]))
-        lines.append(_diagnosis(self.where, phase))
         if waited_s >= 1:
             lines.append(f"The ranks also waited {waited_s:.0f} s for a CPU (ready to run, every core busy), which "
                          "the timeout does not count: this machine runs more processes than it has cores. On a "
