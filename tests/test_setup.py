@@ -203,9 +203,14 @@ def test_the_durations_table_splits_the_cpu_by_chapter():
 def test_make_test_quick_runs_the_library_chapter_01_and_a_small_class():
     """What `make test-quick` (CONTRIBUTING, docs/testing.md) runs, read from make itself (a dry run: the
     whole of it is `make test`'s too)."""
-    run = subprocess.run(["make", "-n", "test-quick"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    # As run by `make test` too: a make inside make prints "Entering directory" lines unless told not to.
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    run = subprocess.run(["make", "-n", "--no-print-directory", "test-quick"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env=env)
     assert run.returncode == 0, run.stderr
-    command = run.stdout.replace("\\\n", " ").strip().splitlines()[-1]
+    commands = [line for line in run.stdout.replace("\\\n", " ").splitlines() if "-m pytest" in line]
+    assert len(commands) == 1, run.stdout
+    command = commands[0]
     for part in ("-m pytest tests", "notebooks/01_collectives.ipynb", "solutions/01_collectives.ipynb", "--nbval"):
         assert part in command, command
     for left_out in ("test_browser", "test_chapter_exercises", "test_hub"):
