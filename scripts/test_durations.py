@@ -44,7 +44,7 @@ _CHAPTER_OF = [  # (pattern on a test's id, what it runs of its chapter)
 
 
 def chapter_of(test: str) -> tuple[str, str] | None:
-    """(chapter number, what of it) for a test that runs one chapter's notebook or grading, else None."""
+    """(chapter number, what of it) for a test that runs one chapter's notebook, else None."""
     for pattern, kind in _CHAPTER_OF:
         found = pattern.match(test)
         if found:

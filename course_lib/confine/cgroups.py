@@ -15,7 +15,7 @@ import shlex
 import time
 from pathlib import Path
 
-__all__ = ["Cgroups", "cgroup_roots", "own_cgroup_v1", "cpu_sharing"]
+__all__ = ["Cgroups", "cgroup_roots", "own_cgroup_v1", "own_cgroup_v2", "cpu_sharing"]
 
 
 def cgroup_roots() -> dict[str, Path] | None:
@@ -79,12 +79,20 @@ def _in_cpu_root() -> bool:
     such hierarchy; v2: a cgroup without a CPU weight, which only the root and groups without the
     controller lack)."""
     if Path("/sys/fs/cgroup/cgroup.controllers").exists():
-        with contextlib.suppress(OSError):
-            path = Path("/proc/self/cgroup").read_text().splitlines()[0].split(":", 2)[2]
-            return not (Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.weight").exists()
-        return False
+        own = own_cgroup_v2()
+        return own is not None and not (own / "cpu.weight").exists()
     own = own_cgroup_v1("cpu")
     return own is None or (own / "release_agent").exists()  # only a hierarchy's root has release_agent
+
+
+def own_cgroup_v2() -> Path | None:
+    """The cgroup (v2, the unified hierarchy) this process is in."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hierarchy, names, path = line.split(":", 2)
+            if hierarchy == "0" and names == "":
+                return Path("/sys/fs/cgroup") / path.lstrip("/")
+    return None
 
 
 def own_cgroup_v1(controller: str) -> Path | None:

@@ -13,8 +13,9 @@ out of memory, with the limit that was hit (``oom_kills``, ``memory_limit``).
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
+
+from .cgroups import own_cgroup_v1, own_cgroup_v2
 
 __all__ = ["prefer_as_victim", "oom_kills", "memory_limit", "describe_limit", "RANK_OOM_SCORE_ADJ",
            "LAUNCH_SERVER_OOM_SCORE_ADJ"]
@@ -65,20 +66,10 @@ def describe_limit() -> str:
 
 
 def _memory_cgroups() -> list[Path]:
-    """This process's memory cgroup folder and every one above it, as far as /sys/fs/cgroup shows them."""
+    """This process's memory cgroup folder and every one above it, up to its hierarchy's root."""
     base = Path("/sys/fs/cgroup")
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, names, path = line.split(":", 2)
-            if names == "" and (base / "cgroup.controllers").exists():
-                folder = base / path.lstrip("/")
-            elif "memory" in names.split(","):
-                folder = base / "memory" / path.lstrip("/")
-            else:
-                continue
-            found = []
-            while folder != folder.parent and (folder == base or base in folder.parents):
-                found.append(folder)
-                folder = folder.parent
-            return found
-    return []
+    unified = (base / "cgroup.controllers").exists()
+    own, root = (own_cgroup_v2(), base) if unified else (own_cgroup_v1("memory"), base / "memory")
+    if own is None:
+        return []
+    return [own, *(folder for folder in own.parents if folder == root or root in folder.parents)]
