@@ -49,7 +49,8 @@ TOO_OLD = needs Python 3.11 or newer to make $(VENV), and '$(PYTHON)' is $$($(PY
   Install one (Ubuntu 22.04: sudo apt install python3.11 python3.11-venv; macOS: brew install python@3.12) \
   and point make at it: make $(or $(MAKECMDGOALS),setup) PYTHON=python3.11
 
-$(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.json jupyter/ipython_kernel_config.py
+$(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.json jupyter/ipython_kernel_config.py \
+  jupyter/jupyter_server_config.py
 	@if [ -e $(VENV) ] && ! { $(call PYTHON_OK,$(PY)) && $(PY) -m pip --version >/dev/null 2>&1; }; then \
 	  echo "$(VENV) was made by another Python, or only half made: making it again"; rm -rf $(VENV); fi
 	@if [ ! -x $(PY) ]; then \
@@ -77,6 +78,9 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	@# Kernels start the launch server as they start, so a learner's first launch is fast.
 	mkdir -p $(VENV)/etc/ipython
 	cp jupyter/ipython_kernel_config.py $(VENV)/etc/ipython/ipython_kernel_config.py
+	@# Kernels talk to the lab over Unix sockets on Linux, not over TCP ports (jupyter/jupyter_server_config.py).
+	mkdir -p $(VENV)/etc/jupyter
+	cp jupyter/jupyter_server_config.py $(VENV)/etc/jupyter/jupyter_server_config.py
 	@touch $(STAMP)
 
 lab: $(STAMP)
