@@ -46,6 +46,22 @@ def test_every_chapter_has_wrong_and_unusual_submissions():
         assert list(folder.glob("unusual*.ipynb")), f"no unusual correct submission for {exercise.stem}"
 
 
+def test_every_test_submissions_answers_compile():
+    """A wrong submission must fail for the mistake its name states. One whose answer cell does not even compile
+    (six of chapter 06's did, from a bad edit) fails every check of that cell by a SyntaxError, and so proves
+    nothing about the check it was written against."""
+    broken = []
+    for path in sorted(SUBMISSIONS.glob("*/*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            grading = cell["metadata"].get("nbgrader", {})
+            if grading.get("solution") and cell["cell_type"] == "code":
+                try:
+                    compile("".join(cell["source"]), f"{path.name}:{grading.get('grade_id')}", "exec")
+                except SyntaxError as error:
+                    broken.append(f"{path.relative_to(SUBMISSIONS)} {grading.get('grade_id')}: {error}")
+    assert not broken, "\n".join(broken)
+
+
 # Answers that only raise, or do nothing, in place of each stub's `raise NotImplementedError(...)`: none may
 # earn a point. Several are errors the judge's kernel cannot send to nbval (a message that is not UTF-8, an
 # exception whose __str__ raises), which nbval took for passes until a pass had to be proven by the judge's
