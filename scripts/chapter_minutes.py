@@ -75,7 +75,8 @@ def agenda(minutes: dict, times: dict) -> str:
             continue
         reading = sum(minutes[c]["reading"] for c in chapters)
         running = sum(minutes[c]["running"] for c in chapters)
-        span = chapters[0] if len(chapters) == 1 else f"{chapters[0]}–{chapters[-1]}"
+        consecutive = [int(c) for c in chapters] == list(range(int(chapters[0]), int(chapters[-1]) + 1))
+        span = chapters[0] if len(chapters) == 1 else f"{chapters[0]}–{chapters[-1]}" if consecutive else ", ".join(chapters)
         lines.append(f"| {day} | {span} | {reading} | {running} | {reading + running} |")
     lines += ["", f"Reading: the lessons' text at {WORDS_PER_MINUTE} words a minute (code not counted, so a floor); "
               f"running: lesson and solution notebooks top to bottom on {'; '.join(machines)} "
