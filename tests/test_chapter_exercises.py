@@ -207,6 +207,13 @@ STOPPED_BY = {
     ("09_model_pipeline_tensor_parallel", "wrong_private_whole_weight__sends_like_row_parallel"): [
         "rank 1 of 2, 12 -> 8 features: output",
     ],
+    # HSDP's gradient path with the right numbers but the whole gradient crossing between nodes (all-reduced over
+    # every rank, or all-gathered, or all-reduced out of the audit's sight): the bytes counted from outside stop it.
+    ("08_zero_fsdp", "wrong3"): ["sent to other nodes:", "the all-reduce of one shard needs"],
+    ("08_zero_fsdp", "wrong_gathers_whole_gradients"): ["sent to other nodes:", "the all-reduce of one shard needs"],
+    ("08_zero_fsdp", "wrong_tamper_full_adam_state__blind_audit__frames"): [
+        "sent to other nodes:", "the all-reduce of one shard needs",
+    ],
     # Every token gathered to every rank, each rank computing its own experts' share: right numbers, but it
     # moves every token to every rank, far beyond what the (token, choice) pairs leaving their rank need.
     ("12_mixture_of_experts", "wrong1_gathers_every_token__drops_by_position__averages_experts_over_dp"): [

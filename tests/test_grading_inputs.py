@@ -444,3 +444,13 @@ def test_a_hostile_class_is_graded_and_the_honest_students_get_every_point(tmp_p
     assert any(name.startswith("Lonnnn") for name in os.listdir(tmp_path / "work"))  # --keep-work, relative
     table = proc.stdout[proc.stdout.index("\nstudent"):].strip().split("\n\n")[0].splitlines()
     assert len(table) == 2 + len(rows), table  # a newline in a name adds no row
+
+
+def test_a_check_title_written_over_two_lines_is_read_whole():
+    # Chapter 08's exercise 4 writes its title as two string literals; the report showed it cut at the first.
+    from course_lib.grading.merging import check_label
+
+    assert check_label('with checking("exercise 4: two meshes; "\n              "only the shard crosses"):\n    pass\n') \
+        == "exercise 4: two meshes; only the shard crosses"
+    assert check_label("with checking('one line'):\n    pass\n") == "one line"
+    assert check_label("x = 1\n") is None

@@ -9,6 +9,7 @@ an exercise in turn, for one judge (``merge_many``).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -56,6 +57,22 @@ NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_\w+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*
 NBVAL_TAGS = {"nbval-ignore-output", "nbval-check-output", "nbval-raises-exception", "nbval-skip",
               "raises-exception", "pytest-validate-ignore-output"}
 CHECK_NAME = re.compile(r"""checking\(\s*(?P<q>["'])(?P<name>.+?)(?P=q)""")
+
+
+def check_label(source: str) -> str | None:
+    """The title a check cell passes to ``checking(...)``: its first argument when that is a string constant,
+    read with Python's parser, so a title written as two literals on two lines is whole (the regular
+    expression alone stopped at the first closing quote). None where there is no such call."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "checking"
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            return node.args[0].value
+    match = CHECK_NAME.search(source)  # an f-string title, or a cell Python cannot parse
+    return match["name"] if match else None
 
 
 # --------------------------------------------------------------------------
@@ -117,8 +134,7 @@ def load_reference(solution_path: Path) -> Reference:
             stubs[index] = exercise.cells[index].source
             answer_ids[grade_id] = index
         elif meta.get("grade") and cell.cell_type == "code":
-            match = CHECK_NAME.search(cell.source)
-            label = match["name"] if match else grade_id
+            label = check_label(cell.source) or grade_id
             checks.append(Check(index, grade_id, meta.get("points", 0) or 0, label))
             hidden |= hidden_test_lines(cell.source)
     judged = any("Learner(" in cell.source for cell in solution.cells
