@@ -1,6 +1,6 @@
 """How much one submission's busy processes slow the checks of a submission graded beside it.
 
-Usage: python scripts/bench_cpu_share.py [--rounds 2] [--spinners 100] [--checks 5]
+Usage: .venv/bin/python scripts/bench_cpu_share.py [--rounds 2] [--spinners 100] [--checks 5]
 
 Two judges run side by side, each with its sandbox, as ``grade.py --jobs 2`` runs them (each judge in a
 session of its own). One times a check: a launch of two ranks that each multiply matrices for about a

@@ -1,6 +1,6 @@
 """How long grading a class takes: N submissions of one chapter, half solved, half untouched.
 
-Usage: python scripts/bench_grading.py [--chapter 01_collectives] [--students 30] [--jobs N] [--max-batch 8]
+Usage: .venv/bin/python scripts/bench_grading.py [--chapter 01_collectives] [--students 30] [--jobs N] [--max-batch 8]
                                       [--compare sandbox|batching|revision] [--revision REF] [--rounds 2]
 
 Grades the same class twice, side by side, and prints both wall times, their ratio, and whether

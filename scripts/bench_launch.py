@@ -1,6 +1,6 @@
 """How long from "launch" to results, for a 4-rank all_reduce, three ways, side by side.
 
-    python scripts/bench_launch.py [--world-size 4] [--repeats 5] [--first-launch]
+    .venv/bin/python scripts/bench_launch.py [--world-size 4] [--repeats 5] [--first-launch]
 
 1. course_lib.launch (what every chapter uses): the first launch in a fresh Jupyter
    kernel (right after `import course_lib`, server start included) and the median of

@@ -1,7 +1,7 @@
 """Benchmark chapter 05's hand-made ring all-reduce against gloo's all_reduce.
 
 Usage:
-    python scripts/bench_ring.py [--sizes-mb 1 16 64] [--world-sizes 2 4] [--rounds 3]
+    .venv/bin/python scripts/bench_ring.py [--sizes-mb 1 16 64] [--world-sizes 2 4] [--rounds 3]
 
 In one run: for each world size, the ring built from isend/recv (the same algorithm as
 notebooks/05_ring_allreduce.ipynb) and gloo's ``dist.all_reduce`` at each size, their bus

@@ -1,6 +1,6 @@
 """Why chapter 01 calls dist.barrier() before dist.destroy_process_group(), counted.
 
-    python scripts/bench_teardown.py [--launches 40] [--learners 3] [--busy 2]
+    .venv/bin/python scripts/bench_teardown.py [--launches 40] [--learners 3] [--busy 2]
 
 Chapter 01's first cell joins the process group by hand and leaves it again without any
 collective in between. init_process_group returns on a rank once *its* side of every gloo

@@ -1,6 +1,6 @@
 """Render the executed lessons (the README, the learners' page, as the index; the docs beside it) to a static HTML site.
 
-    python scripts/build_site.py [--out site]        (or: make site)
+    .venv/bin/python scripts/build_site.py [--out site]        (or: make site)
 
 An instructor can host the folder anywhere (it is plain files): each lesson as it was
 executed, with its figures and check lines, links between chapters rewritten to the HTML

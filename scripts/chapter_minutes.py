@@ -1,6 +1,6 @@
 """Minutes per chapter, for the README's chapter table and the workshop agenda in docs/instructors.md.
 
-Usage: python scripts/chapter_minutes.py [--write]
+Usage: .venv/bin/python scripts/chapter_minutes.py [--write]
 
 A chapter's minutes are computed, not guessed:
 * running: the seconds its lesson and its solution notebook took to run top to bottom, as
@@ -43,7 +43,7 @@ def prose_words(notebook: Path) -> int:
 def run_seconds(notebook: Path, times: dict) -> float:
     key = notebook.relative_to(REPO).as_posix()
     if key not in times:
-        raise SystemExit(f"{key} has no recorded run time: run python scripts/execute_notebooks.py {key}")
+        raise SystemExit(f"{key} has no recorded run time: run .venv/bin/python scripts/execute_notebooks.py {key}")
     return times[key]["seconds"]
 
 
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     stale = [path.name for path, now, new in ((README, readme, wanted[0]), (INSTRUCTORS, instructors, wanted[1]))
              if now != new]
     if stale:
-        print(f"not current: {', '.join(stale)} (run python scripts/chapter_minutes.py --write)", file=sys.stderr)
+        print(f"not current: {', '.join(stale)} (run .venv/bin/python scripts/chapter_minutes.py --write)", file=sys.stderr)
         return 1
     return 0
 

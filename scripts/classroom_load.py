@@ -1,6 +1,6 @@
 """A classroom on one server: N learners run the same chapter at the same moment.
 
-    python scripts/classroom_load.py [--learners 10] [--notebooks notebooks/01_collectives.ipynb ...]
+    .venv/bin/python scripts/classroom_load.py [--learners 10] [--notebooks notebooks/01_collectives.ipynb ...]
     sudo .venv/bin/python scripts/classroom_load.py --hub [--learners 10] ...   # through the class hub
 
 Each learner is a fresh Jupyter kernel executing a private copy of the notebook top to

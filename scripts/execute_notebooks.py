@@ -1,6 +1,6 @@
 """Re-execute notebooks in place, top to bottom, and store their outputs.
 
-Usage: python scripts/execute_notebooks.py [--allow-busy] PATH [PATH ...]   (files or folders)
+Usage: .venv/bin/python scripts/execute_notebooks.py [--allow-busy] PATH [PATH ...]   (files or folders)
 
 Stored outputs are what nbval compares against, so run this after editing a lesson
 or a solution notebook, check the diff, and commit the notebook with its outputs.

@@ -1,6 +1,6 @@
 """Run the whole test suite several times in a row beside busy loops, and list every test that ever failed.
 
-Usage: python scripts/flake_hunt.py [--runs 3] [--busy 2] [--command "bash .ci/run"] [--run-timeout-min 90]
+Usage: .venv/bin/python scripts/flake_hunt.py [--runs 3] [--busy 2] [--command "bash .ci/run"] [--run-timeout-min 90]
 
 A flaky test fails by chance: once in many runs, more often on a busy machine. This script makes
 such a machine on purpose and runs the suite again and again from one fresh clone of this repository's

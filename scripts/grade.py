@@ -1,4 +1,4 @@
-"""Grade a class's exercise notebooks: ``python scripts/grade.py SUBMISSIONS`` (also ``course-grade``).
+"""Grade a class's exercise notebooks: ``.venv/bin/python scripts/grade.py SUBMISSIONS`` (also ``course-grade``).
 
 Every part of grading lives in course_lib/grading/: the command line (grader.py) and its steps
 (merging.py, running.py, scoring.py, reporting.py), the judge (judge.py), the sandbox each

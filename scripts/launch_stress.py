@@ -1,6 +1,6 @@
 """Many learners' first launches at the same moment, beside busy loops: does one ever fail by chance?
 
-Usage: python scripts/launch_stress.py [--learners 4] [--rounds 50] [--busy 2] [--ranks 4]
+Usage: .venv/bin/python scripts/launch_stress.py [--learners 4] [--rounds 50] [--busy 2] [--ranks 4]
 
 Each round starts --learners fresh Python processes together, each what a learner's new kernel does
 first: import the course's launcher and run its first launch (--ranks ranks join a gloo process group

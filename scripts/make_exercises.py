@@ -1,4 +1,4 @@
-"""Generate exercises/ from solutions/: ``python scripts/make_exercises.py [--check]`` (see
+"""Generate exercises/ from solutions/: ``.venv/bin/python scripts/make_exercises.py [--check]`` (see
 course_lib/grading/exercises.py, which the grader uses too)."""
 
 import sys

@@ -1,8 +1,8 @@
 """How much memory the notebooks need: the peak of each one's kernel and ranks, measured.
 
 Usage:
-    python scripts/notebook_memory.py --measure [PATH ...]   run notebooks, record their peaks
-    python scripts/notebook_memory.py [--write]              check (or update) the README's sentence
+    .venv/bin/python scripts/notebook_memory.py --measure [PATH ...]   run notebooks, record their peaks
+    .venv/bin/python scripts/notebook_memory.py [--write]              check (or update) the README's sentence
 
 --measure runs each notebook (default: every lesson and solution) top to bottom in a fresh kernel,
 as scripts/execute_notebooks.py does, but stores no output. While it runs, every 0.1 s it adds up
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
         README.write_text(wanted)
         return 0
     if wanted != readme:
-        print("not current: README.md (run python scripts/notebook_memory.py --write)", file=sys.stderr)
+        print("not current: README.md (run .venv/bin/python scripts/notebook_memory.py --write)", file=sys.stderr)
         return 1
     return 0
 

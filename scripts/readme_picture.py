@@ -1,6 +1,6 @@
 """Write the README's picture: a stored figure of a lesson, copied byte for byte from the executed notebook.
 
-    python scripts/readme_picture.py          (tests/test_docs.py checks that the copy is current)
+    .venv/bin/python scripts/readme_picture.py          (tests/test_docs.py checks that the copy is current)
 
 The picture is chapter 01's all-gather, drawn per rank before and after, from the output the
 lesson stored when it ran on real ranks: nothing in it is drawn by hand.

@@ -1,6 +1,6 @@
 """Run notebooks' code cells top to bottom in plain Python processes, without Jupyter.
 
-Usage: python scripts/run_cells.py [--timeout S] NOTEBOOK [NOTEBOOK ...]
+Usage: .venv/bin/python scripts/run_cells.py [--timeout S] NOTEBOOK [NOTEBOOK ...]
 
 For a machine where Jupyter, nbformat and nbval cannot be installed (a GPU machine lent with its
 own image): scripts/gpu_check.py falls back to this for its notebook check. Each notebook runs in a

@@ -1,6 +1,6 @@
 """How much disk the course's .venv takes, and how much of it is NVIDIA's CUDA libraries.
 
-Usage: python scripts/setup_size.py [VENV]   (default: .venv)
+Usage: .venv/bin/python scripts/setup_size.py [VENV]   (default: .venv)
 
 The README's quick start quotes what this prints, with its date. PyPI's Linux torch brings the CUDA
 libraries as packages of their own (site-packages/nvidia, cuda*, triton); PyTorch's CPU wheels

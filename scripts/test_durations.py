@@ -1,6 +1,6 @@
 """The table `make test` prints at its end: where the time went, by stage, by file and by test.
 
-Usage: python scripts/test_durations.py DURATIONS_FILE [--top N] [--chapters]
+Usage: .venv/bin/python scripts/test_durations.py DURATIONS_FILE [--top N] [--chapters]
 
 ``--chapters`` prints only the per-chapter table, in Markdown, as docs/testing.md keeps it: each chapter's
 CPU seconds in its browser run, its lesson under nbval (the replays) and its solution under nbval; the

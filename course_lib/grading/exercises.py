@@ -2,9 +2,9 @@
 
 Part of grading since the graded exercises (chapter 01 on): the grader derives each answer
 cell's stub from here too. Usage:
-    python scripts/make_exercises.py                      # every solutions/*.ipynb -> exercises/
-    python scripts/make_exercises.py solutions/01_x.ipynb # only these (files or folders)
-    python scripts/make_exercises.py --check              # exit 1 if exercises/ is stale
+    .venv/bin/python scripts/make_exercises.py                      # every solutions/*.ipynb -> exercises/
+    .venv/bin/python scripts/make_exercises.py solutions/01_x.ipynb # only these (files or folders)
+    .venv/bin/python scripts/make_exercises.py --check              # exit 1 if exercises/ is stale
 
 A notebook in exercises/ that holds someone's work (answers, outputs, added cells) is never
 overwritten or removed: it is moved into exercises/answers-kept/ first, and the script says where.

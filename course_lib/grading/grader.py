@@ -2,7 +2,7 @@
 
 The grader's command line (introduced with chapter 01's exercises), beside the judge, the sandbox
 and the verdicts plugin it runs. Usage (``course-grade`` once the course is installed, or
-``python scripts/grade.py``):
+``.venv/bin/python scripts/grade.py``):
     course-grade SUBMISSIONS [--jobs N] [--cell-timeout S] [--setup-timeout S] [--solutions DIR] [--exercises DIR]
 
 Layout: ``SUBMISSIONS/<student>/<name>.ipynb``, where ``<name>.ipynb`` is the file name of an
