@@ -76,8 +76,9 @@ def launch(
 
 
 def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_group, start_method, threads,
-            show_output, live, startup_timeout, judged: _Judged | None = None):
-    """launch() itself; with ``judged``, also each rank's measurements (see measuring._Meter.measure)."""
+            show_output, live, startup_timeout, judged: _Judged | None = None, nodes: list | None = None):
+    """launch() itself; with ``judged``, also each rank's measurements (see measuring._Meter.measure).
+    ``nodes``: per rank, the emulated node it joins (course_lib.emulated_cluster)."""
     kwargs = {} if kwargs is None else kwargs
     _validate(fn, world_size, timeout, args, kwargs, startup_timeout)
     if threads is None:
@@ -107,7 +108,7 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         shared = _shared_spec(world_size, port_holder.getsockname()[1], backend, threads,
                               timeout, startup_timeout, judged)
         for rank in range(world_size):
-            ranks.start(rank, payloads[rank], paths, shared)
+            ranks.start(rank, payloads[rank], paths, shared, node=None if nodes is None else nodes[rank])
         waiter = _Waiter(ranks.procs, ranks.result_conns, paths, live_view, judged=judged, drains=ranks.drains,
                          loopback_before=loopback_before)
         results = waiter.wait(timeout, startup_timeout)
@@ -207,7 +208,7 @@ class _Ranks:
         self.procs, self.result_conns, self.release_conns = [], [], []
         self.drains: list[_Drain] = []
 
-    def start(self, rank: int, payload: bytes, paths: dict, shared: dict) -> None:
+    def start(self, rank: int, payload: bytes, paths: dict, shared: dict, node: dict | None = None) -> None:
         result_recv, result_send = self.ctx.Pipe(duplex=False)
         release_recv, release_send = self.ctx.Pipe(duplex=False)
         rank_drains, output_fds = [], None
@@ -217,7 +218,7 @@ class _Ranks:
             output_fds = tuple(_InheritedFd(drain.write_fd) for drain in rank_drains)
         spec = _WorkerSpec(rank=rank, payload=payload, out_path=paths["out"][rank], err_path=paths["err"][rank],
                            stack_path=paths["stack"][rank], progress_path=paths["progress"][rank],
-                           output_fds=output_fds, **shared)
+                           output_fds=output_fds, node=node, **shared)
         proc = self.ctx.Process(target=_worker_main, args=(spec, result_send, release_recv), daemon=False)
         with warnings.catch_warnings(), _without_main_module_import():
             # Python 3.12+ warns on fork in a threaded process; the child replaces its

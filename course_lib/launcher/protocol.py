@@ -50,6 +50,7 @@ class _WorkerSpec:
     sys_path: list
     judged: "_Judged | None" = None  # a grading launch: learner code in, data out (course_lib.grading)
     output_fds: tuple | None = None  # judged: (stdout, stderr, stacks) pipes the judge drains and counts
+    node: dict | None = None  # an emulated node to join first (course_lib.emulated_cluster): its namespaces, address
 
 
 @dataclass

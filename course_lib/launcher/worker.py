@@ -73,6 +73,8 @@ def _worker_main(spec: _WorkerSpec, result_conn, release_conn) -> None:
 
 def _become_a_rank(spec: _WorkerSpec, result_conn) -> None:
     """Everything before torch: this process's output, environment, user, and its tie to the kernel."""
+    if spec.node is not None:
+        _join_node(spec, result_conn)  # while this process has one thread, as setns requires
     os.setpgrp()  # own process group: Ctrl-C in a terminal reaches only the parent, which stops us
     prefer_as_victim()  # out of memory, a rank dies before the notebook's kernel (course_lib.confine.out_of_memory)
     _redirect_stdio(spec.out_path, spec.err_path, spec.output_fds)
@@ -94,6 +96,18 @@ def _become_a_rank(spec: _WorkerSpec, result_conn) -> None:
                                   f"the rank could not be kept apart from the others ({type(exc).__name__}: {exc})", []))
             os._exit(1)
     _die_with_parent(spec.kernel_pid)
+
+
+def _join_node(spec: _WorkerSpec, result_conn) -> None:
+    """Enter an emulated node's user and network namespaces (course_lib.confine.emulated_network)."""
+    from ..confine.namespaces import enter
+
+    try:
+        enter(spec.node["user_namespace"], spec.node["net_namespace"])
+    except OSError as exc:
+        _report(result_conn, (_RESULT_ERROR, "LaunchError", f"rank {spec.rank} could not join emulated node "
+                              f"{spec.node['node']} ({exc}); is the cluster still open?", []))
+        os._exit(1)
 
 
 def _enter_fn(spec: _WorkerSpec, result_conn):
@@ -234,7 +248,11 @@ def _set_torchrun_environment(spec: _WorkerSpec) -> None:
     os.environ[_SEES_ALL_GPUS_VARIABLE] = "1"
     os.environ[_PROGRESS_FILE_VARIABLE] = spec.progress_path
     loopback = _loopback_interface()
-    if loopback:  # one machine: keep gloo on loopback, whatever the hostname resolves to
+    if spec.node is not None:  # an emulated node: its own address, the first node's store, its rank in the node
+        os.environ.update(MASTER_ADDR=spec.node["master_addr"], GLOO_SOCKET_IFNAME=spec.node["interface"],
+                          LOCAL_RANK=str(spec.node["local_rank"]), LOCAL_WORLD_SIZE=str(spec.node["local_world_size"]),
+                          GROUP_RANK=str(spec.node["node"]))
+    elif loopback:  # one machine: keep gloo on loopback, whatever the hostname resolves to
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
 
 
