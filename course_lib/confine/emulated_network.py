@@ -201,6 +201,19 @@ def main() -> None:
                 _answer({"error": f"unknown request {request!r}"})
         except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
             _answer({"error": str(exc)})
+    _end(holders)
+
+
+def _end(holders) -> None:
+    """Close each holder's standard input and wait for it: the namespaces are gone when this returns."""
+    for holder in holders:
+        holder.stdin.close()
+    for holder in holders:
+        try:
+            holder.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
 
 
 if __name__ == "__main__":
