@@ -30,7 +30,8 @@ def exercise_checks_and_points(stem: str) -> str:
         return "—"
     graded = [cell["metadata"]["nbgrader"] for cell in json.loads(solution.read_text())["cells"]
               if cell["metadata"].get("nbgrader", {}).get("grade")]
-    return f"{len(graded)} checks, {sum(int(grade.get('points', 0)) for grade in graded)} points"
+    points = sum(int(grade.get("points", 0)) for grade in graded)
+    return f"{len(graded)} {'check' if len(graded) == 1 else 'checks'}, {points} points"
 
 
 def test_the_chapter_table_counts_each_exercise_as_its_solution_grades_it():
