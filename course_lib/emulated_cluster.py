@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 from .confine.namespaces import namespaces_problem
-from .launcher import LaunchError, threads_per_rank
+from .launcher import LaunchError
 from .launcher.launching import _launch
 
 __all__ = ["EmulatedCluster", "cluster_problem", "node_bytes_sent"]
@@ -118,7 +118,7 @@ class EmulatedCluster:
         nodes = [self._placement(rank) for rank in range(self.world_size)]
         results, _ = _launch(fn, self.world_size, args, kwargs, timeout=timeout, backend="gloo",
                              init_process_group=True, start_method=None,
-                             threads=threads if threads is not None else threads_per_rank(self.world_size),
+                             threads=threads,
                              show_output=show_output, live=live, startup_timeout=startup_timeout, nodes=nodes)
         return results
 

@@ -74,13 +74,18 @@ def _host_links() -> list:
     return sorted(link["ifname"] for link in json.loads(shown.stdout))
 
 
-def _gone(pids, within_s=10.0) -> bool:
+def _eventually(condition, within_s=10.0) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in pids):
+        if condition():
             return True
         time.sleep(0.1)
     return False
+
+
+def _gone(pids, within_s=10.0) -> bool:
+    return _eventually(lambda: not any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in pids),
+                       within_s)
 
 
 def _state(pid) -> str:
@@ -131,12 +136,7 @@ def test_a_cluster_ends_with_the_process_that_made_it():
 
 
 def _gone_namespaces(before, within_s=10.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not _net_namespaces() - before:
-            return True
-        time.sleep(0.1)
-    return False
+    return _eventually(lambda: not _net_namespaces() - before, within_s)
 
 
 def test_bad_input_gets_a_clear_error():

@@ -71,8 +71,13 @@ def _run(*command: str) -> None:
         raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip() or result.returncode}")
 
 
+def _node_prefix(pid: int) -> tuple:
+    """What runs a command in the network namespace that holder ``pid`` holds."""
+    return ("nsenter", f"--net=/proc/{pid}/ns/net")
+
+
 def _in_node(pid: int, *command: str) -> None:
-    _run("nsenter", f"--net=/proc/{pid}/ns/net", *command)
+    _run(*_node_prefix(pid), *command)
 
 
 def _start_holder() -> subprocess.Popen:
@@ -147,7 +152,7 @@ def shape(holders, rate_mbit=None, delay_ms=None, nodes=None) -> None:
     """Both directions of each node's link: the switch's side sends to the node, the node's side sends out."""
     for node in range(len(holders)) if nodes is None else nodes:
         pid = holders[node].pid
-        for prefix, device in (((), f"sw{node}"), (("nsenter", f"--net=/proc/{pid}/ns/net"), NODE_INTERFACE)):
+        for prefix, device in (((), f"sw{node}"), (_node_prefix(pid), NODE_INTERFACE)):
             subprocess.run([*prefix, "tc", "qdisc", "del", "dev", device, "root"], capture_output=True)
             if delay_ms:
                 commands = _delay_commands(device, rate_mbit, delay_ms)
