@@ -17,7 +17,7 @@
 #                            allows (make test-latest: the newest), each in its own environment
 #   make site                the executed lessons as static HTML in site/ (index = the README, the learners' page; docs/ beside it)
 #   make browser-deps        Playwright + Chromium, so `make test` also runs every lesson in a real browser
-#   make hub HUB_ROSTER=F    JupyterHub for a class on this server, as root: a user, namespaces and limits per learner (docs/instructors.md: "Hosting a class")
+#   make hub HUB_ROSTER=F HUB_DOMAIN=D  JupyterHub for a class on this server, as root: a user, namespaces, limits and an origin (D's subdomain) per learner (docs/instructors.md: "Hosting a class")
 #
 # CPU-only machine?  make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # installs PyTorch's small CPU wheels instead of the default CUDA build from PyPI.
@@ -64,7 +64,7 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	  echo "  make $(or $(MAKECMDGOALS),setup) TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"; fi
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
 	  $(PY) -m pip install -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
-	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[test]"
+	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[test,ft]"
 	$(PY) -c "import torch, torchvision; print('torch', torch.__version__, '| torchvision', torchvision.__version__)"
 	@# nbgrader is here only for its notebook preprocessors (exercises, grading): keep its
 	@# course-management menus and server extensions out of the learners' JupyterLab.
@@ -92,7 +92,7 @@ UV_VERSION := 0.13.9
 lock:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
-	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra browser --extra hub -c constraints.txt \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra browser --extra hub --extra ft -c constraints.txt \
 	  --universal --python-version 3.11.5 --custom-compile-command "make lock" $(UPGRADE) -o requirements.lock
 
 lab-server: $(STAMP)

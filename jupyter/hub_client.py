@@ -4,10 +4,12 @@ scripts/classroom_load.py --hub (which measures a class through the real hub).""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -53,6 +55,42 @@ class Hub:
     def server(self, name: str) -> dict | None:
         return self.api("GET", f"users/{name}").get("servers", {}).get("")
 
+    def user_url(self, name: str) -> str:
+        """Where a user's server answers: on an origin of the user's own, NAME.DOMAIN (HUB_DOMAIN)."""
+        return user_url(self.url, name)
+
+
+def user_url(hub_url: str, name: str) -> str:
+    """The address of ``name``'s server, for a hub at ``hub_url`` (https://DOMAIN[:PORT]), as JupyterHub
+    names it (its default subdomain hook)."""
+    from urllib.parse import urlsplit
+
+    from jupyterhub.utils import subdomain_hook_idna
+
+    parts = urlsplit(hub_url)
+    host = subdomain_hook_idna(name, parts.hostname, "user")
+    return f"{parts.scheme}://{host}{'' if parts.port is None else f':{parts.port}'}/user/{name}"
+
+
+@contextlib.contextmanager
+def names_on_this_machine(domain: str):
+    """In this process, DOMAIN and every NAME.DOMAIN resolve to this machine (127.0.0.1), as a browser
+    resolves every *.localhost; other names as before. For a hub tried on one machine alone."""
+    original = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if isinstance(host, bytes):
+            host = host.decode()
+        if isinstance(host, str) and (host == domain or host.endswith("." + domain)):
+            host = "127.0.0.1"
+        return original(host, *args, **kwargs)
+
+    socket.getaddrinfo = resolve
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = original
+
 
 def start_hub(env: dict, log_path: Path) -> subprocess.Popen:
     """`make hub`'s command, with these HUB_* settings, its output to log_path."""
@@ -70,13 +108,13 @@ def stop_hub(process: subprocess.Popen) -> None:
         process.kill()
 
 
-def loopback_certificate(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate and key for 127.0.0.1, valid one day: a hub on this machine alone, as the
-    tests and scripts/classroom_load.py start one (the hub serves HTTPS only)."""
+def loopback_certificate(folder: Path, domain: str = "hub.localhost") -> tuple[Path, Path]:
+    """A self-signed certificate and key for DOMAIN, *.DOMAIN (each learner's server) and 127.0.0.1, valid one
+    day: a hub on this machine alone, as the tests and scripts/classroom_load.py start one (HTTPS only)."""
     cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={domain}",
+                    "-addext", f"subjectAltName=DNS:{domain},DNS:*.{domain},IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
     return cert, key
 
 
@@ -124,7 +162,7 @@ class Kernel:
 
         import websocket
 
-        self.hub, self.server = hub, f"{hub.url}/user/{learner}"
+        self.hub, self.server = hub, hub.user_url(learner)
         response = hub.http.post(f"{self.server}/api/sessions", timeout=120, json={
             "path": path, "type": "notebook", "name": Path(path).name, "kernel": {"name": "python3"}})
         response.raise_for_status()

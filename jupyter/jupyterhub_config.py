@@ -16,9 +16,15 @@
 #   HUB_ROSTER             a file with the learners' user names, one a line (required): only they
 #                          may log in, each with the password the hub made for them (jupyter/hub_logins.py)
 #   HUB_ADMIN              the instructor's user name (default "instructor"): the admin page, /hub/admin
+#   HUB_DOMAIN             the hub's DNS name (required): the hub answers at https://HUB_DOMAIN, and
+#                          each learner's server at https://NAME.HUB_DOMAIN, an origin of its own, so
+#                          that no page of one learner's runs with another user's login (it needs a
+#                          wildcard DNS record, *.HUB_DOMAIN, and a certificate for both names). On one
+#                          machine alone: hub.localhost (browsers take every *.localhost to the machine)
 #   HUB_PORT               the port learners open (default 8000), on HUB_IP (default: every interface)
-#   HUB_SSL_CERT, HUB_SSL_KEY  a certificate and its key (required unless HUB_IP is 127.0.0.1): the
-#                          public port speaks HTTPS only
+#   HUB_SSL_CERT, HUB_SSL_KEY  a certificate for HUB_DOMAIN and *.HUB_DOMAIN and its key (required unless
+#                          HUB_IP is 127.0.0.1, behind an HTTPS reverse proxy on port 443 that passes the
+#                          Host header on): the public port speaks HTTPS only
 #   HUB_USER_PREFIX        the learners' Unix users are this prefix and the roster name (default
 #                          "jupyter-"; the hub's own tests use "hubtest.", which no class can reach:
 #                          a roster name has no '.')
@@ -35,6 +41,7 @@ import os
 import re
 import secrets
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,6 +83,7 @@ def _bytes(text: str) -> int:
 # hub's tests make (their prefix, "hubtest.", has one).
 _USER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,19}")
 _USER_PREFIX = re.compile(r"[a-z][a-z0-9_.-]{0,11}")  # with a 20-character name: Unix's 32 at most
+_DOMAIN = re.compile(r"(?=.{1,200}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 def _user_prefix() -> str:
@@ -88,6 +96,33 @@ def _user_prefix() -> str:
 
 def _listens_on_loopback_only(ip: str) -> bool:
     return ip in ("127.0.0.1", "localhost", "::1")
+
+
+def _domain() -> str:
+    domain = (os.environ.get("HUB_DOMAIN") or "").strip().lower().rstrip(".")
+    if not domain:
+        raise SystemExit("HUB_DOMAIN is not set: give the hub a DNS name of its own (e.g. HUB_DOMAIN=hub.example.org), "
+                         "with a wildcard record *.hub.example.org to the same server: each learner's server gets "
+                         "an origin of its own, NAME.hub.example.org. On this machine alone: HUB_DOMAIN=hub.localhost")
+    if not _DOMAIN.fullmatch(domain):
+        raise SystemExit(f"HUB_DOMAIN={domain!r} is not a DNS name with at least two labels (e.g. hub.example.org)")
+    return domain
+
+
+def _certificate_names(cert: str) -> list[str]:
+    """The DNS names a certificate is for (its subjectAltName), read with openssl."""
+    shown = subprocess.run(["openssl", "x509", "-in", cert, "-noout", "-ext", "subjectAltName"],
+                           capture_output=True, text=True, timeout=30)
+    if shown.returncode != 0:
+        raise SystemExit(f"HUB_SSL_CERT={cert} is not a PEM certificate openssl can read: {shown.stderr.strip()}")
+    return [name.strip()[4:].lower() for name in shown.stdout.replace("\n", ",").split(",")
+            if name.strip().startswith("DNS:")]
+
+
+def certificate_covers(names: list[str], host: str) -> bool:
+    """Whether a certificate for ``names`` is valid for ``host`` (a wildcard covers one label)."""
+    parent = host.split(".", 1)[1] if "." in host else ""
+    return host in names or f"*.{parent}" in names
 
 
 def _roster() -> set[str]:
@@ -131,6 +166,23 @@ elif not _listens_on_loopback_only(c.JupyterHub.ip):
     # Passwords and login cookies must never cross a network in plain text.
     raise SystemExit("The hub would serve plain HTTP to the network: give it a certificate and its key "
                      "(HUB_SSL_CERT and HUB_SSL_KEY), or put an HTTPS reverse proxy in front and set HUB_IP=127.0.0.1")
+# One origin per learner: the hub at https://DOMAIN, a learner's server at https://NAME.DOMAIN. A page of a
+# learner's (a file their server serves from their ~/.jupyter, a notebook they marked trusted) then runs on
+# the learner's own origin, where the browser gives it no other user's cookies and no other origin's replies.
+# (On one origin, any page a learner's server serves could read and drive the server and the hub pages of
+# whoever opens it.) Every cookie stays on the host that set it (JupyterHub's session id, which is no login,
+# excepted).
+DOMAIN = _domain()
+if all(CERTIFICATE):
+    NAMES = _certificate_names(CERTIFICATE[0])
+    uncovered = [host for host in (DOMAIN, f"learner.{DOMAIN}") if not certificate_covers(NAMES, host)]
+    if uncovered:
+        raise SystemExit(f"HUB_SSL_CERT is for {NAMES or 'no DNS name'}, not for "
+                         f"{' and '.join(h.replace('learner.', '*.', 1) for h in uncovered)}: the hub answers at "
+                         f"{DOMAIN} and each learner at NAME.{DOMAIN}; get a certificate for both "
+                         f"(e.g. certbot with a DNS challenge: -d {DOMAIN} -d '*.{DOMAIN}')")
+PUBLIC_PORT = c.JupyterHub.port if all(CERTIFICATE) else 443  # (else an HTTPS reverse proxy's)
+c.JupyterHub.subdomain_host = f"https://{DOMAIN}" + ("" if PUBLIC_PORT == 443 else f":{PUBLIC_PORT}")
 # Every cookie the hub sets (login, session, _xsrf; and each learner's server's login cookie) is
 # sent over HTTPS only and never shown to the page's scripts.
 c.JupyterHub.tornado_settings = {"cookie_options": {"secure": True, "httponly": True}}

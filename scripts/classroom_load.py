@@ -237,6 +237,7 @@ def _hub_role(command: str, parent: int, servers: set[int]) -> str:
 # The Unix users of the measured class: a prefix with a dot, which no roster name can hold (jupyterhub_config.py),
 # so the script never makes or removes a real learner's user.
 LOAD_PREFIX = "loadtest."
+DOMAIN = "hub.localhost"  # every NAME.hub.localhost is this machine (hub_client.names_on_this_machine)
 
 
 def _of_the_hub(hub_pid: int):
@@ -255,7 +256,8 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
     from course_lib.torchrun import free_port
 
     sys.path.insert(0, str(REPO / "jupyter"))
-    from hub_client import Hub, learner_hub, loopback_certificate, remove_users, run_notebook, start_hub, stop_hub
+    from hub_client import (Hub, learner_hub, loopback_certificate, names_on_this_machine, remove_users, run_notebook,
+                            start_hub, stop_hub)
     from hub_logins import handed_out
 
     names = [f"learner{index:02d}" for index in range(learners)]
@@ -269,13 +271,15 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
         state = Path(root, "state")
         env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state), "HUB_API_TOKEN": token,
                "HUB_ROSTER": str(roster), "HUB_HOMES": str(homes), "HUB_SSL_CERT": str(cert),
-               "HUB_SSL_KEY": str(key), "HUB_USER_PREFIX": LOAD_PREFIX}
+               "HUB_SSL_KEY": str(key), "HUB_USER_PREFIX": LOAD_PREFIX, "HUB_DOMAIN": DOMAIN}
         remove_users(names, LOAD_PREFIX)
         time.sleep(3)
         baseline = psutil.virtual_memory().used
         process = start_hub(env, Path(root, "hub.log"))
-        url = f"https://127.0.0.1:{port}"
+        url = f"https://{DOMAIN}:{port}"
         instructor = Hub(url, token, str(cert))
+        resolving = names_on_this_machine(DOMAIN)  # each learner's server on an origin of its own
+        resolving.__enter__()  # (left in finally)
         try:
             instructor.wait_until("the hub answers", lambda: instructor.api("GET", "") is not None, 120)
             passwords = handed_out(state)  # made before the hub opened: one per roster name
@@ -304,6 +308,7 @@ def through_hub(notebooks: list[str], learners: int) -> list[dict]:
                                            "error": o["failure"] or ("a check failed" if o["failed"] else None)}
                                           for o in outcomes]})
         finally:
+            resolving.__exit__(None, None, None)
             stop_hub(process)
             time.sleep(5)
             left = [p for p in psutil.process_iter() if _learners_process(p)]

@@ -20,13 +20,19 @@ and works with a token made from that login, never the instructor's. Then:
   `kill -9 -1` ends only her own processes; she cannot connect to a port the machine listens on
   (on 0.0.0.0, or on the machine's end of her link), nor change her namespace's firewall, while grace trains on 4 ranks and the hub keeps
   answering;
+* ada lures grace: a page served by ada's own server (a static file her ~/.jupyter adds, which her
+  server serves to anyone) is opened in grace's browser, in Chromium, while grace is logged in. It
+  runs on ada's origin (each server has its own, NAME.hub.localhost), so it can read neither grace's
+  files nor the hub's API as grace; the same attempts, run on grace's own origin, do read her files,
+  so the refusal is the origin's; no page of the hub or of a server may be framed;
 * linus's idle kernel is shut down by the culler.
 
 At the end the servers and the hub are stopped, no process of theirs (or of the learners' users)
 may be left, and the test removes the users (and their groups) it made, and only those.
 
-Needs root, the `hub` extra and the proxy (`make hub-deps`); without them the test is skipped with
-the reason, unless COURSE_REQUIRE_HUB=1 (CI), where it fails instead.
+Needs root, the `hub` extra and the proxy (`make hub-deps`), and the browser (`make browser-deps`);
+without them the test is skipped with the reason, unless COURSE_REQUIRE_HUB=1 (CI), where it fails
+instead.
 """
 
 from __future__ import annotations
@@ -48,10 +54,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from browser import chromium_path
+from browser import missing_requirements as missing_browser
 from optional import skip_or_fail
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jupyter"))
-from hub_client import Hub, Kernel, learner_hub, log_in, remove_users, run_notebook, start_hub, stop_hub  # noqa: E402
+from hub_client import (Hub, Kernel, learner_hub, log_in, names_on_this_machine, remove_users,  # noqa: E402
+                        run_notebook, start_hub, stop_hub, user_url)
 from hub_spawner import COURSE_FOR_LEARNERS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,11 +68,15 @@ PROXY = REPO / ".venv" / "hub" / "node_modules" / ".bin" / "configurable-http-pr
 HUB = Path(sys.executable).parent / "jupyterhub"
 LEARNERS = ["ada", "grace", "linus"]
 ADMIN = "teacher"
+# The hub's name (HUB_DOMAIN): every *.localhost is this machine, to a browser and (names_on_this_machine)
+# to the test's own requests, so each learner's server has an origin of its own, NAME.hub.localhost.
+DOMAIN = "hub.localhost"
 # The test's Unix users: "hubtest." and a roster name. A roster name never has a '.', so under the
 # default prefix ("jupyter-") no name of a real class is one of these.
 TEST_PREFIX = "hubtest."
 LESSON = "01_collectives.ipynb"
 KERNEL_IDLE_S = 20
+SCRATCH = ("/var/tmp", "/run/lock", "/dev/shm")  # the machine's shared scratch folders: each learner gets her own
 
 
 def _missing_requirements() -> str | None:
@@ -78,6 +91,8 @@ def _missing_requirements() -> str | None:
         return f"the hub extra is not installed ({exc.name}): run `make hub-deps`"
     if not HUB.exists() or not PROXY.exists():
         return f"{HUB if not HUB.exists() else PROXY} is missing: run `make hub-deps`"
+    if missing_browser():
+        return f"the lure needs a browser: {missing_browser()}"
     for tool in ("ip", "nft", "useradd", "userdel", "openssl"):
         if not shutil.which(tool):
             return f"`{tool}` is missing (Debian: iproute2, nftables, passwd, openssl)"
@@ -87,6 +102,8 @@ def _missing_requirements() -> str | None:
 @pytest.fixture(autouse=True)
 def _hub_requirements():
     skip_or_fail(_missing_requirements(), "COURSE_REQUIRE_HUB", "the hub test")
+    with names_on_this_machine(DOMAIN):
+        yield
 
 
 def _free_port() -> int:
@@ -135,8 +152,10 @@ print(json.dumps({
     "write the kernel set-up": attempt(append, REPO + "/.venv/etc/ipython/ipython_kernel_config.py"),
     "var tmp": listing("/var/tmp"),
     "run lock": listing("/run/lock"),
+    "dev shm": listing("/dev/shm"),
     "write var tmp": attempt(append, "/var/tmp/" + MARK),
     "write run lock": attempt(append, "/run/lock/" + MARK),
+    "write dev shm": attempt(append, "/dev/shm/" + MARK),
     "process owners": sorted({os.stat("/proc/" + pid).st_uid for pid in os.listdir("/proc") if pid.isdigit()}),
     "hub listed": os.path.exists("/proc/" + str(HUB_PID)),
 }))
@@ -303,10 +322,132 @@ def _remove_planted(made: list[Path]) -> None:
         path.rmdir() if path.is_dir() else path.unlink(missing_ok=True)
 
 
+# What a page of ada's tries in the browser of whoever opens it: each attempt's outcome, "read ..." or
+# "refused: ...". The same function runs as the lure on ada's origin, and on grace's own as the control.
+TRY_AS_THE_VISITOR = """async (hub, grace) => {
+  // The XSRF token JupyterLab sends with each request: the page's own _xsrf cookie, where it has one.
+  const cookie = document.cookie.split("; ").find(each => each.startsWith("_xsrf="));
+  const token = cookie ? decodeURIComponent(cookie.slice(6)) : "";
+  const seen = {};
+  const attempt = async (what, url) => {
+    try {
+      const reply = await fetch(url, {credentials: "include", headers: token ? {"X-XSRFToken": token} : {}});
+      seen[what] = `read ${reply.status} ${(await reply.text()).slice(0, 120)}`;
+    } catch (error) { seen[what] = `refused: ${error.name}`; }
+  };
+  await attempt("this page", location.href);
+  await attempt("grace's files", grace + "/api/contents");
+  await attempt("the hub as grace", hub + "/hub/api/user");
+  // A write the browser sends from any page without asking grace's server first (a "simple" request:
+  // POST, text/plain), its XSRF token in the query: a new untitled file in grace's notebooks/.
+  try {
+    await fetch(`${grace}/api/contents/notebooks?_xsrf=${encodeURIComponent(token)}`, {method: "POST",
+      mode: "no-cors", credentials: "include", headers: {"Content-Type": "text/plain"},
+      body: JSON.stringify({type: "file", ext: ".txt"})});
+    seen["a file written as grace"] = "sent";
+  } catch (error) { seen["a file written as grace"] = `refused: ${error.name}`; }
+  return seen;
+}"""
+
+# ada's ~/.jupyter makes her server serve a folder of hers, as static files, to anyone.
+LURE_CONFIG = """
+import os, pathlib
+folder = pathlib.Path.home() / "lure"
+folder.mkdir(exist_ok=True)
+(folder / "lure.html").write_text(PAGE)
+config = pathlib.Path.home() / ".jupyter"
+config.mkdir(exist_ok=True)
+(config / "jupyter_server_config.py").write_text(f"c.ServerApp.extra_static_paths = [{str(folder)!r}]\\n")
+print('"written"')
+"""
+
+
+def _ada_lures_grace(url: str, instructor: Hub, learners: dict, passwords: dict, homes: Path) -> None:
+    """A page from ada's server, opened in grace's browser while grace is logged in, acts as nobody but ada."""
+    from playwright.sync_api import sync_playwright
+
+    ada, grace_url = learners["ada"], user_url(url, "grace")
+    grace_notebooks = homes / f"{TEST_PREFIX}grace" / "notebooks"
+    untitled = lambda: sorted(p.name for p in grace_notebooks.glob("untitled*"))  # noqa: E731
+    assert untitled() == []
+    # First the lure tosses an _xsrf cookie of its own onto every host of the domain (a page may set a cookie
+    # for its parent domain), hoping grace's server takes it for hers; then it tries as grace.
+    toss = (f"document.cookie = '_xsrf=forged-by-ada; domain={DOMAIN}; path=/; secure'; "
+            "window.tossed = document.cookie.includes('forged-by-ada');")
+    page_html = (f"<!doctype html><title>lure</title><body><script>{toss} ({TRY_AS_THE_VISITOR})({url!r}, "
+                 f"{grace_url!r}).then(seen => {{ window.lured = {{...seen, tossed: window.tossed}}; }});</script></body>")
+    writer = Kernel(ada, "ada", "lure.ipynb")
+    assert writer.json(f"PAGE = {page_html!r}" + LURE_CONFIG) == "written"
+    writer.close()
+    ada.http.delete(f"{url}/hub/api/users/ada/server", timeout=120).raise_for_status()  # her server, restarted
+    ada.wait_until("ada's server stopped", lambda: ada.server("ada") is None, 120)
+    ada.http.post(f"{url}/hub/api/users/ada/server", timeout=300).raise_for_status()
+    ada.wait_until("ada's server is ready again", lambda: (ada.server("ada") or {}).get("ready"), 300)
+    import requests
+
+    lure = f"{user_url(url, 'ada')}/static/lure.html"
+    served = requests.get(lure, verify=ada.http.verify, timeout=60)  # to anyone, with no login
+    assert served.status_code == 200 and "grace's files" in served.text, served.status_code
+    # No page of the hub's or of a server's may be shown in a frame (JupyterHub's policy), on any origin.
+    for page in (f"{url}/hub/login", f"{grace_url}/lab"):
+        policy = requests.get(page, verify=ada.http.verify, timeout=60).headers.get("Content-Security-Policy", "")
+        assert "frame-ancestors 'none'" in policy, (page, policy)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True,
+                                             args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            visitor = browser.new_context(ignore_https_errors=True).new_page()
+            visitor.goto(f"{url}/hub/login", timeout=120_000)  # grace logs in, and her lab opens
+            visitor.fill("#username_input", "grace")
+            visitor.fill("#password_input", passwords["grace"])
+            visitor.click("#login_submit")
+            visitor.wait_for_url(f"{grace_url}/lab**", timeout=300_000)
+            control = visitor.evaluate(f"({TRY_AS_THE_VISITOR})({url!r}, {grace_url!r})")
+            written = ada.wait_until("the control's write, with grace's own token", untitled, 30)
+            visitor.goto(lure, timeout=120_000)  # the link ada sent her
+            visitor.wait_for_function("window.lured !== undefined", timeout=120_000)
+            lured = visitor.evaluate("window.lured")
+        finally:
+            browser.close()
+    print("grace's own page:", control)
+    print("ada's page in grace's browser:", lured)
+    # On grace's own origin the attempts read her files (her login works in this browser): the control.
+    assert control["grace's files"].startswith('read 200 {"name"'), control
+    assert len(written) == 1, written  # (grace's own page may write to her server: the control)
+    # ada's page ran (it read itself, and tossed its cookie), and got nothing of grace's or of the hub's, and
+    # wrote nothing into grace's files.
+    assert lured["this page"].startswith("read 200") and lured["tossed"] is True, lured
+    for attempt in ("grace's files", "the hub as grace"):
+        assert lured[attempt].startswith("refused"), (attempt, lured)
+    assert untitled() == written  # (the page waited for each reply before it reported), (untitled(), written)
+
+
+def _ada_asks_for_more_than_her_own(url: str, ada: Hub) -> None:
+    """With her own token, ada asks the hub for rights she does not have: a token of grace's, a token of
+    her own with the admin's scopes, grace's server started or stopped, the list of users, an admin flag;
+    each is refused, and her token still works (the refusals are not a broken token's)."""
+    asks = {
+        "a token for grace": ("POST", "users/grace/tokens", {"note": "mine now"}),
+        "an admin's token for herself": ("POST", "users/ada/tokens", {"scopes": ["admin:users", "access:servers"]}),
+        "a token to grace's server": ("POST", "users/ada/tokens", {"scopes": ["access:servers!user=grace"]}),
+        "grace's server stopped": ("DELETE", "users/grace/server", None),
+        "a server started for grace": ("POST", "users/grace/servers/mine", None),
+        "every user listed": ("GET", "users", None),
+        "herself made admin": ("PATCH", "users/ada", {"admin": True}),
+    }
+    answers = {what: ada.http.request(method, f"{url}/hub/api/{path}", json=body, timeout=60).status_code
+               for what, (method, path, body) in asks.items()}
+    print("ada asks the hub:", answers)
+    assert all(code in (400, 403, 404) for code in answers.values()), answers
+    assert ada.api("GET", "user")["name"] == "ada" and not ada.api("GET", "user")["admin"]
+
+
 def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: str, planted: list[Path]) -> None:
     ada, grace = learners["ada"], learners["grace"]
-    assert ada.http.get(f"{url}/user/grace/api/contents", timeout=60).status_code == 403
+    assert ada.http.get(f"{user_url(url, 'grace')}/api/contents", timeout=60).status_code == 403
     assert ada.http.get(f"{url}/hub/api/users/grace", timeout=60).status_code in (403, 404)
+    _ada_asks_for_more_than_her_own(url, ada)
     probe = Kernel(ada, "ada", "probe.ipynb")
     seen = probe.json(f"GRACE_HOME, STATE, REPO = {str(homes / (TEST_PREFIX + 'grace'))!r}, {str(state)!r}, "
                       f"{str(REPO)!r}; HUB_PID, MARK = {hub_pid}, {mark!r}; "
@@ -326,9 +467,9 @@ def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: st
     assert seen["write the library"] != "allowed" and seen["write the kernel set-up"] != "allowed", seen
     # Her own /var/tmp and /run/lock (the machine's files, MARK among them, out of sight; hers out of
     # the machine's), and a /proc that lists her own processes only.
-    assert seen["var tmp"] == [homes.name] and seen["run lock"] == [], seen  # (the way to her home)
-    assert seen["write var tmp"] == "allowed" and seen["write run lock"] == "allowed", seen
-    for folder in ("/var/tmp", "/run/lock"):
+    assert seen["var tmp"] == [homes.name] and seen["run lock"] == [] and seen["dev shm"] == [], seen
+    assert seen["write var tmp"] == seen["write run lock"] == seen["write dev shm"] == "allowed", seen
+    for folder in SCRATCH:
         assert (Path(folder) / mark).read_text() == "the machine's", folder
     assert seen["process owners"] == [pwd.getpwnam(TEST_PREFIX + "ada").pw_uid] and not seen["hub listed"], seen
 
@@ -375,13 +516,22 @@ def _an_idle_kernel_is_culled(url, linus: Hub) -> None:
     idle = Kernel(linus, "linus", "idle.ipynb")
     idle.run("1 + 1")
     idle.close(delete=False)
-    kernels = lambda: linus.http.get(f"{url}/user/linus/api/kernels", timeout=60).json()  # noqa: E731
+    kernels = lambda: linus.http.get(f"{user_url(url, 'linus')}/api/kernels", timeout=60).json()  # noqa: E731
     assert kernels(), "the kernel should still be there"
     linus.wait_until("linus's idle kernel culled", lambda: kernels() == [], KERNEL_IDLE_S + 90)
 
 
-def _hand_in_and_grade(tmp_path, homes, env) -> None:
-    """docs/instructors.md's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/."""
+def _hand_in_and_grade(tmp_path, homes, env, ada: Hub) -> None:
+    """docs/instructors.md's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/.
+    ada first swaps her exercises folder for a link to grace's (which she cannot read, but may name),
+    hoping to be graded for grace's work, or to have the root-run collection write into grace's home."""
+    grace_exercises = homes / f"{TEST_PREFIX}grace" / "exercises"
+    swap = Kernel(ada, "ada", "swap.ipynb")
+    assert swap.json(f"import os, shutil, json; home = os.path.expanduser('~'); "
+                     f"shutil.rmtree(home + '/exercises'); os.symlink({str(grace_exercises)!r}, home + '/exercises'); "
+                     f"print(json.dumps(os.readlink(home + '/exercises')))") == str(grace_exercises)
+    swap.close()
+    before = sorted(p.name for p in grace_exercises.iterdir())
     submissions, exercises = tmp_path / "SUBMISSIONS", tmp_path / "exercises"
     exercises.mkdir()
     shutil.copy(REPO / "exercises" / LESSON, exercises)
@@ -390,15 +540,18 @@ def _hand_in_and_grade(tmp_path, homes, env) -> None:
     assert collect.count("\n") == 1, collect
     subprocess.run(["bash", "-c", collect], cwd=tmp_path, env={**os.environ, **env, "HUB_HOMES": str(homes)},
                    check=True)
+    assert (submissions / "ada").is_symlink()  # `cp -r` copies her link as a link, not grace's files
     graded = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(submissions),
                              "--exercises", str(exercises)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert graded.returncode == 0, graded.stdout + graded.stderr
+    assert f"{submissions / 'ada'} is a symbolic link, not a student's folder: not graded" in graded.stderr, graded.stderr
     with open(submissions / "grades.csv") as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
-    assert set(rows) == set(LEARNERS)
-    for name in LEARNERS:  # untouched exercises: nothing earned, but graded and explained
+    assert set(rows) == {"grace", "linus"}, rows  # ada: not graded, and not for grace's work
+    for name in ("grace", "linus"):  # untouched exercises: nothing earned, but graded and explained
         assert float(rows[name]["total"]) == 0 and float(rows[name]["max"]) > 0, rows[name]
         assert "FAILED" in (submissions / name / "feedback.txt").read_text()
+    assert sorted(p.name for p in grace_exercises.iterdir()) == before  # nothing written into grace's home
 
 
 @pytest.mark.timeout(1500)
@@ -412,20 +565,21 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
     roster = tmp_path / "roster.txt"
     roster.write_text("# the class\n" + "\n".join(LEARNERS) + "\n")
     cert, key = _certificate(tmp_path)
-    mark = f"hubtest-{secrets.token_hex(4)}"  # a file of the machine's in /var/tmp and /run/lock
-    for folder in ("/var/tmp", "/run/lock"):
+    mark = f"hubtest-{secrets.token_hex(4)}"  # a file of the machine's in /var/tmp, /run/lock and /dev/shm
+    for folder in SCRATCH:
         (Path(folder) / mark).write_text("the machine's")
     planted = _plant_in_course(mark)
     env = {"HUB_PORT": str(port), "HUB_IP": "127.0.0.1", "HUB_STATE": str(state),
            "HUB_API_TOKEN": token, "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN, "HUB_HOMES": str(homes),
            "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_CPUS_PER_LEARNER": "1",
            "HUB_MEMORY_PER_LEARNER": "2G", "HUB_PROCESSES_PER_LEARNER": "400",
-           "HUB_KERNEL_IDLE_SECONDS": str(KERNEL_IDLE_S), "HUB_USER_PREFIX": TEST_PREFIX}
+           "HUB_KERNEL_IDLE_SECONDS": str(KERNEL_IDLE_S), "HUB_USER_PREFIX": TEST_PREFIX, "HUB_DOMAIN": DOMAIN}
     _remove_users()  # (left by an earlier run that was killed: the test's own users only)
     process = start_hub(env, tmp_path / "hub.log")
     hub_process = psutil.Process(process.pid)
-    url = f"https://127.0.0.1:{port}"
+    url = f"https://{DOMAIN}:{port}"
     instructor = Hub(url, token, str(cert))
+
     timings, started = {}, time.monotonic()
     try:
         instructor.wait_until("the hub answers over HTTPS", lambda: instructor.api("GET", "") is not None, 90)
@@ -450,10 +604,10 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         # The instructor's login opens no learner's server (docs/instructors.md, "Read a learner's work"): a page
         # of the learner's would run the learner's JavaScript on the hub's origin with the instructor's rights.
         for path in ("lab", "api/contents", f"files/notebooks/{LESSON}"):
-            reply = admin.get(f"{url}/user/ada/{path}", timeout=60)
+            reply = admin.get(f"{user_url(url, 'ada')}/{path}", timeout=60)
             assert reply.status_code == 403 and "nbformat" not in reply.text, (path, reply.status_code, reply.url)
         assert admin.get(f"{url}/hub/admin", timeout=60).status_code == 200  # the admin page still
-        reply = learners["grace"].http.get(f"{url}/user/ada/lab", timeout=60)  # nor does a classmate's
+        reply = learners["grace"].http.get(f"{user_url(url, 'ada')}/lab", timeout=60)  # nor does a classmate's
         assert reply.status_code == 403, (reply.status_code, reply.url)
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         assert all(f"course-{_learner_tag(state, name)}" in listed for name in LEARNERS), listed  # named as expected
@@ -473,8 +627,12 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
             assert outcome["failure"] is None and outcome["failed"] == 0 and outcome["passed"] > 0, outcome
 
         started = time.monotonic()
-        _hand_in_and_grade(tmp_path, homes, env)
+        _hand_in_and_grade(tmp_path, homes, env, learners["ada"])
         timings["collect and grade"] = time.monotonic() - started
+
+        started = time.monotonic()
+        _ada_lures_grace(url, instructor, learners, passwords, homes)
+        timings["ada's lure"] = time.monotonic() - started
 
         started = time.monotonic()
         _ada_attacks(url, instructor, learners, homes, state, process.pid, mark, planted)
@@ -505,7 +663,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
         _remove_users()
         users_left = _test_users_and_groups()
         shutil.rmtree(homes, ignore_errors=True)
-        for folder in ("/var/tmp", "/run/lock"):
+        for folder in SCRATCH:
             (Path(folder) / mark).unlink(missing_ok=True)
         _remove_planted(planted)
     timings["stop"] = time.monotonic() - started
@@ -540,6 +698,10 @@ def _load_config(env: dict, show: str = USERS) -> subprocess.CompletedProcess:
     ({"HUB_ROSTER": "ROSTER", "HUB_IP": "0.0.0.0"}, "The hub would serve plain HTTP to the network"),
     ({"HUB_ROSTER": "ROSTER", "HUB_USER_PREFIX": "Bad Prefix"}, "HUB_USER_PREFIX='Bad Prefix' cannot start"),
     ({"HUB_ROSTER": "TEST_USER_ROSTER"}, "are not user names the hub can make"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_DOMAIN": ""}, "HUB_DOMAIN is not set"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_DOMAIN": "localhost"}, "HUB_DOMAIN='localhost' is not a DNS name"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_SSL_CERT": "HUB_ONLY_CERT", "HUB_SSL_KEY": "HUB_ONLY_KEY"},
+     f"not for *.{DOMAIN}: the hub answers at {DOMAIN} and each learner at NAME.{DOMAIN}"),
 ])
 def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, settings, says):
     roster = tmp_path / "roster.txt"
@@ -547,9 +709,15 @@ def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, setting
     test_user_roster = tmp_path / "test-users.txt"  # a roster naming one of the test's users
     test_user_roster.write_text(f"ada\n{TEST_PREFIX}grace\n")
     (tmp_path / "cert.pem").write_text("")
-    files = {"ROSTER": str(roster), "TEST_USER_ROSTER": str(test_user_roster), "CERT": str(tmp_path / "cert.pem")}
+    hub_only = tmp_path / "hub-only"  # a certificate for the hub's name, not for its learners' (*.DOMAIN)
+    hub_only.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={DOMAIN}",
+                    "-addext", f"subjectAltName=DNS:{DOMAIN}", "-keyout", str(hub_only / "key.pem"),
+                    "-out", str(hub_only / "cert.pem")], check=True, capture_output=True, timeout=60)
+    files = {"ROSTER": str(roster), "TEST_USER_ROSTER": str(test_user_roster), "CERT": str(tmp_path / "cert.pem"),
+             "HUB_ONLY_CERT": str(hub_only / "cert.pem"), "HUB_ONLY_KEY": str(hub_only / "key.pem")}
     values = {name: files.get(value, value) for name, value in settings.items()}
-    loaded = _load_config({"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", **values})
+    loaded = _load_config({"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", "HUB_DOMAIN": DOMAIN, **values})
     assert loaded.returncode != 0 and says in loaded.stderr, loaded.stderr[-2000:]
     assert "Traceback" not in loaded.stderr, loaded.stderr[-2000:]
 
@@ -564,7 +732,8 @@ def test_two_hubs_on_one_server_hand_out_distinct_learner_addresses(tmp_path):
 
     roster = tmp_path / "roster.txt"
     roster.write_text("ada\n")
-    settings = {"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", "HUB_ROSTER": str(roster)}
+    settings = {"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", "HUB_ROSTER": str(roster),
+                "HUB_DOMAIN": DOMAIN}
     try:
         held = claim_network()  # as the first hub on this server
         loaded = _load_config(settings, show="c.LearnerSpawner.network")
@@ -587,7 +756,7 @@ def test_no_roster_name_is_one_of_the_tests_users(tmp_path):
     roster.write_text("ada\nhubtest\nhubtest-grace\nhubtest_linus\nz" + "9" * 19 + "\na-_\n")
     for prefix in ("", "hubtest", "hubtest-", "course_"):
         loaded = _load_config({"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", "HUB_ROSTER": str(roster),
-                               "HUB_ADMIN": "teacher", "HUB_USER_PREFIX": prefix})
+                               "HUB_ADMIN": "teacher", "HUB_USER_PREFIX": prefix, "HUB_DOMAIN": DOMAIN})
         assert loaded.returncode == 0, loaded.stderr[-2000:]
         users = json.loads(loaded.stdout.strip().splitlines()[-1])
         assert len(users) == 7 and all(len(user) <= 32 for user in users), users

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_hub import ADMIN, TEST_PREFIX, _certificate, _free_port, _hub_requirements  # noqa: F401 (a fixture)
+from test_hub import ADMIN, DOMAIN, TEST_PREFIX, _certificate, _free_port, _hub_requirements  # noqa: F401 (a fixture)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jupyter"))
 from hub_client import Hub, log_in, start_hub, stop_hub  # noqa: E402
@@ -112,10 +112,10 @@ def hub(tmp_path):
     cert, key = _certificate(tmp_path)
     env = {"HUB_PORT": str(port), "HUB_STATE": str(state), "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN,
            "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_API_TOKEN": secrets.token_hex(32),
-           "HUB_HOMES": str(tmp_path / "homes"), "HUB_USER_PREFIX": TEST_PREFIX}
+           "HUB_HOMES": str(tmp_path / "homes"), "HUB_USER_PREFIX": TEST_PREFIX, "HUB_DOMAIN": DOMAIN}
     env.pop("HUB_IP", None)  # the default: every interface, as a class has it
     process = start_hub(env, tmp_path / "hub.log")
-    url = f"https://127.0.0.1:{port}"
+    url = f"https://{DOMAIN}:{port}"
     instructor = Hub(url, env["HUB_API_TOKEN"], str(cert))
     try:
         instructor.wait_until("the hub answers over HTTPS", lambda: instructor.api("GET", "") is not None, 90)
