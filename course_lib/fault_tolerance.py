@@ -126,3 +126,248 @@ def plot_goodput(intervals, predicted, first_order, simulated, measured, *, delt
     ax.set_ylim(0.0, 1.0)
     ax.legend(fontsize=8, loc="lower center")
     return ax
+
+
+# --- torchft: replica groups that train through a failure (chapter 14, section 3) ---------------------
+
+# What torch 2.15 and torchft write to stderr on a healthy run: the gloo group that torchft makes for
+# each new quorum calls a setter that torch now deprecates, the HTTP server that sends a live
+# checkpoint to a healing peer logs each request, and the receiving side's torch warns about the
+# read-only buffer it loads from. Counted by kind; every other line is kept as it is.
+KNOWN_STDERR = {
+    "torch: setSequenceNumberForGroup() is deprecated (one per new gloo group)": "setSequenceNumberForGroup()",
+    "torchft: an HTTP request for a live checkpoint (one per healing peer)": '"GET /checkpoint/',
+    "torch: buffer is not writable (when loading a checkpoint received)": "The given buffer is not writable",
+    "torch: the source line that warning quotes": "storage = torch.frombuffer(",
+}
+
+
+def torchft_available() -> tuple[bool, str]:
+    """(True, version) where torchft imports; else (False, why): the reason a section skips."""
+    try:
+        import torchft  # noqa: F401
+        from importlib.metadata import version
+        return True, version("torchft")
+    except ImportError as error:
+        import platform
+        return False, (f"torchft is not installed ({error}); PyPI has wheels for Linux x86_64 only, this is "
+                       f"{platform.system()} {platform.machine()} (make setup installs it where one exists)")
+
+
+def sort_stderr(text: str) -> tuple[dict[str, int], list[str], list[str]]:
+    """Sort a replica's stderr: (counts of the KNOWN_STDERR kinds, torchft's error reports, other lines).
+
+    An error report is a line torchft's Python logger starts with "[replica_..." (a collective that
+    failed because a peer died, say), with the traceback that follows it; its first line is kept.
+    """
+    counts, reports, others, in_report = {kind: 0 for kind in KNOWN_STDERR}, [], [], False
+    for line in text.splitlines():
+        kind = next((k for k, marker in KNOWN_STDERR.items() if marker in line), None)
+        if kind is not None:
+            counts[kind] += 1
+            in_report = False
+        elif line.startswith("[replica_"):
+            reports.append(line)
+            in_report = True
+        elif in_report and (line.startswith((" ", "Traceback", "During handling")) or not line.strip()
+                            or line.split(":")[0].isidentifier()):
+            continue  # the report's traceback, down to its exception line
+        elif line.strip():
+            others.append(line)
+            in_report = False
+    return counts, reports, others
+
+
+def _incarnation(train, replica_id, lighthouse, steps, stderr_path, conn, go):
+    """A replica group's process: its stdout and stderr into a file, each record sent to its slot."""
+    import ctypes
+    import pickle
+    import signal
+    import traceback
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: ends with its slot, whatever happens
+    out = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    torch.set_num_threads(1)
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO otherwise
+
+    def send(kind, message):  # plain pickle: tensors travel by value, not as shared memory of a dying process
+        conn.send_bytes(pickle.dumps((kind, message)))
+
+    def report(record):  # waits for the slot's answer: a replica to be killed dies here, between two steps
+        send("ready" if record == "ready" else "record", None if record == "ready" else record)
+        go.recv()
+
+    code = 0
+    try:
+        train(replica_id, lighthouse, steps, report)
+        send("done", None)
+    except BaseException:  # noqa: BLE001 - sent to the slot, which raises it in the notebook
+        send("error", traceback.format_exc())
+        code = 1
+    finally:
+        conn.close()
+        os._exit(code)  # not through torchft's exit handlers: the replica's last step is already reported
+
+
+def _mark(folder, name, text=""):
+    path = os.path.join(folder, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _read_mark(folder, name):
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _wait_for(condition, deadline, what):
+    import time
+
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited too long for {what}")
+        time.sleep(0.01)
+
+
+def _lighthouse_slot(folder, deadline, options):
+    """The last launch rank: torchft's lighthouse, its log (Rust, on stderr) into a file."""
+    from torchft.coordination import LighthouseServer
+
+    log_path = os.path.join(folder, "lighthouse.log")
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 2)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", **options)
+    address = lighthouse.address()
+    try:
+        _mark(folder, "lighthouse", address)
+        _wait_for(lambda: _read_mark(folder, "finished") is not None, deadline, "the replicas to finish")
+    finally:
+        lighthouse.shutdown()
+    with open(log_path) as f:
+        log = f.read()
+    return {"address": address, "quorum_changes": log.count("Detected quorum change"),
+            "log_lines": len(log.splitlines())}
+
+
+def _replica_slot(train, replicas, steps, folder, kill, timeout, lighthouse_options):
+    """One launch rank: runs its replica group in a child process, kills and restarts it if told to."""
+    import multiprocessing as mp
+    import pickle
+    import signal
+    import time
+
+    rank, deadline = int(os.environ["RANK"]), time.monotonic() + timeout
+    if rank == replicas:
+        return _lighthouse_slot(folder, deadline, lighthouse_options)
+    try:
+        _wait_for(lambda: _read_mark(folder, "lighthouse") is not None, deadline, "the lighthouse")
+        lighthouse = _read_mark(folder, "lighthouse")
+        ctx = mp.get_context("fork")  # the rank was started clean by the launcher: nothing unsafe to inherit
+        incarnations = []
+        others = [r for r in range(replicas) if r != rank]
+
+        def run_one(kill_at_step=None):
+            stderr_path = os.path.join(folder, f"stderr.{rank}.{len(incarnations)}")
+            receive, send = ctx.Pipe(duplex=False)
+            go_receive, go_send = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=_incarnation,
+                                args=(train, rank, lighthouse, steps, stderr_path, send, go_receive))
+            child.start()
+            send.close()
+            go_receive.close()
+            records, ended = [], "killed"
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"replica {rank} did not finish within {timeout} s")
+                    if not receive.poll(min(left, 0.5)):
+                        continue
+                    try:
+                        kind, message = pickle.loads(receive.recv_bytes())
+                    except EOFError:
+                        raise RuntimeError(f"replica {rank}'s process died (exit code {child.exitcode})") from None
+                    if kind == "ready":
+                        _mark(folder, f"ready.{rank}.{len(incarnations)}")
+                        if not incarnations:  # the first processes wait for each other; a returning one does not
+                            _wait_for(lambda: all(_read_mark(folder, f"ready.{r}.0") is not None for r in others),
+                                      deadline, "the other replicas to start")
+                        go_send.send(True)
+                    elif kind == "done":
+                        ended = "finished"
+                        break
+                    elif kind == "error":
+                        raise RuntimeError(f"replica {rank} raised:\n{message}")
+                    else:
+                        records.append(message)
+                        _mark(folder, f"progress.{rank}", str(message["step"]))
+                        if kill_at_step is not None and message["step"] >= kill_at_step:
+                            os.kill(child.pid, signal.SIGKILL)  # as a machine dies: no goodbye to anyone
+                            break
+                        if kill is not None and rank != kill["replica"] and message["step"] == steps - 1:
+                            # Not the last step before the returning process is up: it rejoins before the end.
+                            _wait_for(lambda: _read_mark(folder, f"ready.{kill['replica']}.1") is not None,
+                                      deadline, f"replica {kill['replica']} to come back")
+                        go_send.send(True)
+            finally:
+                if child.is_alive() and ended != "finished":
+                    os.kill(child.pid, signal.SIGKILL)
+                child.join(10)
+                receive.close()
+                go_send.close()
+                with open(stderr_path) as f:
+                    stderr = f.read()
+                incarnations.append({"records": records, "ended": ended, "exitcode": child.exitcode,
+                                     "stderr": stderr})
+
+        if kill is not None and rank == kill["replica"]:
+            run_one(kill_at_step=kill["at_step"])
+            back_at = kill["at_step"] + kill["down_steps"]
+            _wait_for(lambda: all(int(_read_mark(folder, f"progress.{r}") or 0) >= back_at for r in others),
+                      deadline, f"the other replicas to reach step {back_at}")
+            run_one()
+        else:
+            run_one()
+        return incarnations
+    finally:
+        _mark(folder, f"slot_done.{rank}")
+        if all(_read_mark(folder, f"slot_done.{r}") is not None for r in range(replicas)):
+            _mark(folder, "finished")
+
+
+def run_replica_groups(train, replicas: int, steps: int, *, kill: dict | None = None, timeout: float = 120,
+                       join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 2000):
+    """Run ``train`` as ``replicas`` torchft replica groups around one lighthouse; return what each did.
+
+    ``train(replica_id, lighthouse_address, steps, report)`` trains one replica group (one process
+    here): it calls ``report("ready")`` once its torchft Manager exists (the first processes then
+    start together) and ``report(record)`` after each step, with a dict holding at least "step".
+    Each replica group runs in a child of one rank of ``course_lib.launch``, so it ends with it; one
+    more rank runs the lighthouse (torchft's ``LighthouseServer``, on a free port of 127.0.0.1).
+    ``kill={"replica": r, "at_step": s, "down_steps": d}`` SIGKILLs replica r's process once it
+    reports step s (before it starts another), and starts a fresh one when every other replica has reported
+    step s + d; the others do not start their last step before that process is up (its torchft Manager
+    made), so it rejoins before the end, however slowly it starts.
+    Returns (per replica, the list of its processes' {"records", "ended", "exitcode", "stderr"};
+    the lighthouse's {"address", "quorum_changes", "log_lines"}). Every process has ended when it returns, also after an error.
+    """
+    import shutil
+    import tempfile
+
+    from .launcher import launch
+
+    folder = tempfile.mkdtemp(prefix="course_torchft_")
+    options = {"min_replicas": 1, "join_timeout_ms": join_timeout_ms, "heartbeat_timeout_ms": heartbeat_timeout_ms}
+    try:
+        results = launch(_replica_slot, replicas + 1,
+                         args=(train, replicas, steps, folder, kill, timeout, options),
+                         init_process_group=False, show_output=False, live=False, timeout=timeout + 30)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return results[:replicas], results[replicas]

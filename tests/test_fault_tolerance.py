@@ -82,3 +82,130 @@ def test_checkpoint_files_lists_names_and_sizes(tmp_path):
     (tmp_path / "a" / "x.bin").write_bytes(b"123")
     (tmp_path / "y").write_bytes(b"")
     assert checkpoint_files(tmp_path) == [("a/x.bin", 3), ("y", 0)]
+
+
+# --- torchft replica groups (course_lib.fault_tolerance.run_replica_groups) ----------------------------
+
+def _ft_train(replica_id, lighthouse, steps, report):
+    """A tiny torchft replica group, as in chapter 14 (defined here so that the test needs no notebook)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), min_replica_size=1,
+                      state_dict=lambda: {"model": model.state_dict()},
+                      load_state_dict=lambda s: model.load_state_dict(s["model"]),
+                      replica_id=f"replica_{replica_id}", lighthouse_addr=lighthouse, hostname="127.0.0.1",
+                      store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
+                      use_async_quorum=False, init_sync=False, timeout=timedelta(seconds=5),
+                      quorum_timeout=timedelta(seconds=30))
+    report("ready")
+    while manager.current_step() < steps:
+        manager.start_quorum()
+        if replica_id == 1 and steps == 3 and manager.current_step() == 1:
+            raise ValueError("replica 1 fails on purpose")
+        g = torch.Generator().manual_seed(manager.current_step() * 10 + replica_id)
+        optimizer.zero_grad()
+        model(torch.randn(8, 4, dtype=torch.float64, generator=g)).pow(2).mean().backward()
+        for p in model.parameters():
+            manager.allreduce(p.grad).wait()
+        committed = manager.should_commit()
+        if committed:
+            optimizer.step()
+        report({"step": manager.current_step(), "trained": manager.current_step() - committed,
+                "committed": committed, "params": model.weight.detach().clone()})
+    manager.shutdown(wait=False)
+
+
+def _torchft_processes(since: float) -> list[str]:
+    """Processes started since ``since`` that loaded torchft's native module, or name torchft or a lighthouse."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "create_time", "cmdline"]):
+        try:
+            if process.info["create_time"] < since - 1:
+                continue
+            cmdline = " ".join(process.info["cmdline"] or [])
+            with open(f"/proc/{process.pid}/maps") as f:
+                mapped = "_torchft" in f.read()
+        except (psutil.Error, OSError):
+            continue
+        if mapped or "torchft" in cmdline or "lighthouse" in cmdline:
+            found.append(f"{process.pid} {cmdline[:120]}")
+    return found
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def torchft_run():
+    pytest.importorskip("torchft")
+    psutil = pytest.importorskip("psutil")
+    import time
+
+    from course_lib import launch
+
+    launch(int, 1, init_process_group=False, show_output=False)  # the launch server, started once, stays
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    listening_before = {c.laddr for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    started = time.time()
+    yield
+    deadline = time.monotonic() + 5  # SIGKILLed processes are reaped at once; give the kernel a moment
+    while time.monotonic() < deadline:
+        left = ({p.pid for p in me.children(recursive=True)} - children_before, _torchft_processes(started))
+        if not any(left):
+            break
+        time.sleep(0.1)
+    assert left == (set(), []), f"left behind: {left}"
+    assert {c.laddr for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN} <= listening_before
+
+
+def test_a_torchft_run_with_a_replica_killed_leaves_nothing_behind(torchft_run):
+    from course_lib.fault_tolerance import run_replica_groups, sort_stderr
+
+    groups, lighthouse = run_replica_groups(_ft_train, 3, 12, kill={"replica": 2, "at_step": 3, "down_steps": 3},
+                                            timeout=90)
+    assert [[p["ended"] for p in processes] for processes in groups] == [["finished"], ["finished"],
+                                                                        ["killed", "finished"]]
+    assert [r["trained"] for r in groups[0][0]["records"] if r["committed"]] == list(range(12))
+    assert max(r["trained"] for r in groups[2][0]["records"] if r["committed"]) == 2
+    assert torch.equal(groups[2][1]["records"][-1]["params"], groups[0][0]["records"][-1]["params"])  # healed
+    assert all(sort_stderr(p["stderr"])[2] == [] for processes in groups for p in processes)
+    assert lighthouse["quorum_changes"] >= 3  # all three, two, all three again
+    assert not _listening(int(lighthouse["address"].rsplit(":", 1)[1]))
+
+
+def test_a_torchft_run_that_fails_leaves_nothing_behind(torchft_run):
+    from course_lib import WorkerError
+    from course_lib.fault_tolerance import run_replica_groups
+
+    with pytest.raises(WorkerError, match="replica 1 fails on purpose"):
+        run_replica_groups(_ft_train, 3, 3, timeout=60)
+
+
+def test_stderr_is_sorted_into_known_lines_torchft_reports_and_the_rest():
+    from course_lib.fault_tolerance import sort_stderr
+
+    text = ("[W1206 02:15:35.5 Backend.hpp:619] Warning: setSequenceNumberForGroup() is deprecated and ...\n"
+            '::ffff:127.0.0.1 - - [06/Dec/2026 02:15:35] "GET /checkpoint/0/full HTTP/1.1" 200 -\n'
+            "[replica_0:abc/0 - step 8] got exception waiting for work: Connection reset by peer\n"
+            "Traceback (most recent call last):\n"
+            '  File "manager.py", line 1327, in wait\n'
+            "RuntimeError: Connection reset by peer\n"
+            "something else\n")
+    counts, reports, others = sort_stderr(text)
+    assert sorted(n for n in counts.values() if n) == [1, 1]
+    assert reports == ["[replica_0:abc/0 - step 8] got exception waiting for work: Connection reset by peer"]
+    assert others == ["something else"]
