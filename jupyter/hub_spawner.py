@@ -487,7 +487,7 @@ class LearnerSpawner(LocalProcessSpawner):
         await asyncio.to_thread(make_network, self.namespace, self.host_link, host_ip, learner_ip)
         relay = await HubRelay(listen_in_namespace(f"/run/netns/{self.namespace}", "127.0.0.1"), self.hub_port).start()
         self._relays[self.user.name] = relay
-        self.cgroups = LearnerCgroups(self.cgroup_name).make(int(self.mem_limit or 2 * 2**30), self.processes_limit,
+        self.cgroups = LearnerCgroups(self.cgroup_name).make(int(self.mem_limit or 4 * 2**30), self.processes_limit,
                                                              float(self.cpu_limit or 1))
         self.ip = learner_ip
         self.hub_connect_url = f"http://127.0.0.1:{relay.port}"  # the learner's own loopback: the relay

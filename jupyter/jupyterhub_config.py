@@ -33,7 +33,8 @@
 #   HUB_API_TOKEN          the instructor's token for the REST API (default: made once, kept in
 #                          HUB_STATE/api_token)
 #   HUB_CPUS_PER_LEARNER   CPU time each learner's processes may use together, in cores (default 1)
-#   HUB_MEMORY_PER_LEARNER memory each learner's processes may use together, no swap (default 2G)
+#   HUB_MEMORY_PER_LEARNER memory each learner's processes may use together, no swap (default 4G: eight
+#                          open notebooks, each launching four ranks, fit; scripts/bench_launch_servers.py)
 #   HUB_PROCESSES_PER_LEARNER  processes and threads each learner may have at once (default 512)
 #   HUB_IDLE_MINUTES       a server nobody has used for this long is stopped (default 20)
 #   HUB_KERNEL_IDLE_SECONDS    a kernel idle for this long is shut down (default 600)
@@ -266,7 +267,7 @@ c.Spawner.args = [
 ]
 c.Spawner.default_url = "/lab/tree/notebooks"
 c.Spawner.cpu_limit = float(os.environ.get("HUB_CPUS_PER_LEARNER") or 1)
-c.Spawner.mem_limit = _bytes(os.environ.get("HUB_MEMORY_PER_LEARNER") or "2G")
+c.Spawner.mem_limit = _bytes(os.environ.get("HUB_MEMORY_PER_LEARNER") or "4G")
 # Many servers starting at once on a small machine take longer than JupyterHub's 30 s default.
 c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 300

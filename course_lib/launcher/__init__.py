@@ -13,7 +13,7 @@ The life of one launch, and the module of each step (start reading at launching.
 
     kernel          launch(fn): checks, holds a port, pickles fn by value  launching.py, protocol.py
       |
-    launch server   forks one process per rank                             server.py (grading: sandbox_server.py)
+    launch server   forks one process per rank (one server per user)       server.py, shared_server.py (grading: sandbox_server.py)
       |
     forked ranks    torchrun's variables, the process group, fn(*args)     worker.py, devices.py
       |

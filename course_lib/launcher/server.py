@@ -12,8 +12,9 @@ intra-op thread hangs in its first parallel op (pytorch#41197, #58962). A 2-core
 machine never sees it (2 ranks get one thread each); a 4-core laptop always does.
 ``spawn`` avoids it but starts a fresh interpreter per rank per launch (about 5 s
 for 4 ranks on 2 cores, 14 s from a notebook). So, on Linux, workers are forked
-from a *launch server*: a fresh interpreter started once per kernel (Python's
-``forkserver``) that imports torch and never runs a tensor op or touches CUDA.
+from a *launch server*: a fresh interpreter (Python's ``forkserver``) that imports torch and
+never runs a tensor op or touches CUDA, started once and shared by all of a user's kernels
+(shared_server.py says how; a grading judge keeps one of its own).
 Its children start in milliseconds with torch already imported, may use as many
 threads as they like, and may use CUDA even when the kernel already has.
 
@@ -22,7 +23,7 @@ what a learner expects a worker to see: ``fn`` and its arguments by value, the
 kernel's environment variables *at the moment of the launch* (e.g.
 ``TORCH_DISTRIBUTED_DEBUG`` set in a cell), its working directory and
 ``sys.path``. Variables that torch reads only when it is imported (such as
-``TORCH_CPP_LOG_LEVEL``) restart the server when they change.
+``TORCH_CPP_LOG_LEVEL``) get a server of their own when they change.
 
 The server starts in the background as soon as the kernel starts (``make`` installs a kernel
 setting that calls ``warm_up()``), or else when course_lib is imported: measured on 2 cores,
@@ -102,7 +103,8 @@ def _import_time_variables() -> dict[str, str | None]:
 
 
 def _server_context():
-    """The forkserver context, with a server whose torch saw this kernel's import-time variables."""
+    """The forkserver context, with a server whose torch saw this kernel's import-time variables:
+    the user's shared one (shared_server.py) where it can be, else one of this process's own."""
     global _server_variables, _server_owner
     from multiprocessing import forkserver
 
@@ -111,8 +113,9 @@ def _server_context():
         server = forkserver._forkserver
         if _server_owner is not None and _server_owner != os.getpid():
             # A process forked from one that ran launches (e.g. a learner's forked helper):
-            # the server belongs to the parent; start our own.
+            # the server (or the hold on the shared one) belongs to the parent; get our own.
             server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+            server.joined = None  # (the shared server's hold, where there is one: see shared_server.py)
         _server_owner = os.getpid()
         wanted = _import_time_variables()
         if _server_variables is not None and _server_variables != wanted:
@@ -120,8 +123,33 @@ def _server_context():
                 server._stop()  # next start picks up the new variables
         ctx.set_forkserver_preload(_SERVER_PRELOAD)
         _server_variables = wanted
-        forkserver.ensure_running()
+        _share_where_possible(server, wanted)
+        server.ensure_running()
     return ctx
+
+
+def _share_where_possible(server, variables) -> None:
+    """Point CPython's fork server at the user's shared launch server (shared_server.py), keyed by what
+    the server imports and how. Not in grading, whose judges keep a server each, as they always have."""
+    from multiprocessing import forkserver
+
+    from .shared_server import private_folder, server_key, shared_fork_server_class
+
+    if os.environ.get("COURSE_GRADING") == "1":
+        return
+    folder = private_folder()
+    if folder is None:  # nowhere only this user can enter: a server of this process's own
+        return
+    shared = shared_fork_server_class()
+    if not isinstance(server, shared):
+        if server._forkserver_pid is not None:
+            with contextlib.suppress(Exception):
+                server._stop()
+        server.__class__ = shared
+        # CPython's module-level functions are bound to the object as it was made: rebind them.
+        forkserver.ensure_running = server.ensure_running
+        forkserver.connect_to_new_process = server.connect_to_new_process
+    server.folder, server.key = folder, server_key(_SERVER_PRELOAD, variables)
 
 
 def warm_up() -> None:
