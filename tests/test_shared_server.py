@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,10 +64,12 @@ class Kernel:
         assert self.process.wait(60) == 0
 
 
-def _runtime(tmp_path: Path) -> Path:
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    return runtime
+@pytest.fixture
+def runtime():
+    """A runtime folder of the test's own, short enough for a socket's path (pytest's are not)."""
+    folder = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
@@ -75,8 +79,7 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return not alive(pid)
 
 
-def test_kernels_share_one_server_which_outlives_a_killed_kernel_and_ends_with_the_last(tmp_path):
-    runtime = _runtime(tmp_path)
+def test_kernels_share_one_server_which_outlives_a_killed_kernel_and_ends_with_the_last(tmp_path, runtime):
     first, second = Kernel(runtime, tmp_path), Kernel(runtime, tmp_path)
     try:
         [server] = first.launch()
@@ -114,18 +117,20 @@ def test_kernels_that_differ_in_what_or_where_get_servers_of_their_own(monkeypat
     assert shared_server.server_key(_SERVER_PRELOAD, {"TORCH_CPP_LOG_LEVEL": None}) != plain
 
 
-def test_a_runtime_folder_others_may_write_in_is_not_used(tmp_path, monkeypatch):
+def test_a_runtime_folder_others_may_write_in_is_not_used(runtime, monkeypatch):
     from course_lib.launcher import shared_server
 
-    open_to_all = tmp_path / "open"
-    open_to_all.mkdir()
-    (open_to_all / "course-launch").mkdir()
+    open_to_all = runtime / "open"
+    (open_to_all / "course-launch").mkdir(parents=True)
     os.chmod(open_to_all / "course-launch", 0o777)  # made by someone else, or left open
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(open_to_all))
-    monkeypatch.setattr(shared_server.tempfile, "gettempdir", lambda: str(tmp_path / "temp"))
-    (tmp_path / "temp").mkdir()
+    monkeypatch.setattr(shared_server.tempfile, "gettempdir", lambda: str(runtime / "temp"))
+    (runtime / "temp").mkdir()
     chosen = shared_server.private_folder()
-    assert chosen == tmp_path / "temp" / f"course-launch-{os.getuid()}"
+    assert chosen == runtime / "temp" / f"course-launch-{os.getuid()}"
     assert stat.S_IMODE(chosen.stat().st_mode) == 0o700
     os.chmod(chosen, 0o755)  # and none at all where no folder is private: a server of the kernel's own
     assert shared_server.private_folder() is None
+    os.chmod(chosen, 0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime / ("deep" * 30)))  # too long for a socket's path: skipped
+    assert shared_server.private_folder() == chosen
