@@ -226,6 +226,17 @@ def _read_mark(folder, name):
         return None
 
 
+def _waiting_at(lighthouse: str) -> int:
+    """How many replica groups wait at the lighthouse for a quorum (read from its status page)."""
+    import re
+    import urllib.request
+
+    port = lighthouse.rsplit(":", 1)[1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as page:
+        found = re.search(r"only have (\d+) participants", page.read().decode())
+    return int(found.group(1)) if found else 0
+
+
 def _wait_for(condition, deadline, what):
     import time
 
@@ -311,8 +322,11 @@ def _replica_slot(train, replicas, steps, folder, kill, timeout, lighthouse_opti
                             os.kill(child.pid, signal.SIGKILL)  # as a machine dies: no goodbye to anyone
                             break
                         if kill is not None and rank != kill["replica"] and message["step"] == steps - 1:
-                            # Not the last step before the returning process is up: it rejoins before the end.
-                            _wait_for(lambda: _read_mark(folder, f"ready.{kill['replica']}.1") is not None,
+                            # Not the last step before the returning process waits at the lighthouse, so that
+                            # it rejoins before the end: a quorum of the same members as the last one forms
+                            # at once ("fast quorum"), without a newcomer whose request is not in yet.
+                            _wait_for(lambda: _read_mark(folder, f"ready.{kill['replica']}.1") is not None
+                                      and _waiting_at(lighthouse) > 0,
                                       deadline, f"replica {kill['replica']} to come back")
                         go_send.send(True)
             finally:
@@ -352,8 +366,8 @@ def run_replica_groups(train, replicas: int, steps: int, *, kill: dict | None = 
     more rank runs the lighthouse (torchft's ``LighthouseServer``, on a free port of 127.0.0.1).
     ``kill={"replica": r, "at_step": s, "down_steps": d}`` SIGKILLs replica r's process once it
     reports step s (before it starts another), and starts a fresh one when every other replica has reported
-    step s + d; the others do not start their last step before that process is up (its torchft Manager
-    made), so it rejoins before the end, however slowly it starts.
+    step s + d; the others do not start their last step before that process waits at the lighthouse for
+    its first quorum, so it rejoins before the end, however slowly it starts.
     Returns (per replica, the list of its processes' {"records", "ended", "exitcode", "stderr"};
     the lighthouse's {"address", "quorum_changes", "log_lines"}). Every process has ended when it returns, also after an error.
     """

@@ -175,13 +175,15 @@ def torchft_run():
 def test_a_torchft_run_with_a_replica_killed_leaves_nothing_behind(torchft_run):
     from course_lib.fault_tolerance import run_replica_groups, sort_stderr
 
-    groups, lighthouse = run_replica_groups(_ft_train, 3, 12, kill={"replica": 2, "at_step": 3, "down_steps": 3},
+    # Back only when the others have committed 11 of 12 steps: they wait for it at their last step.
+    groups, lighthouse = run_replica_groups(_ft_train, 3, 12, kill={"replica": 2, "at_step": 3, "down_steps": 8},
                                             timeout=90)
     assert [[p["ended"] for p in processes] for processes in groups] == [["finished"], ["finished"],
                                                                         ["killed", "finished"]]
     assert [r["trained"] for r in groups[0][0]["records"] if r["committed"]] == list(range(12))
     assert max(r["trained"] for r in groups[2][0]["records"] if r["committed"]) == 2
-    assert torch.equal(groups[2][1]["records"][-1]["params"], groups[0][0]["records"][-1]["params"])  # healed
+    assert [r["trained"] for r in groups[2][1]["records"]] == [11]  # healed to step 11, then trained it
+    assert torch.equal(groups[2][1]["records"][-1]["params"], groups[0][0]["records"][-1]["params"])
     assert all(sort_stderr(p["stderr"])[2] == [] for processes in groups for p in processes)
     assert lighthouse["quorum_changes"] >= 3  # all three, two, all three again
     assert not _listening(int(lighthouse["address"].rsplit(":", 1)[1]))
@@ -209,3 +211,13 @@ def test_stderr_is_sorted_into_known_lines_torchft_reports_and_the_rest():
     assert sorted(n for n in counts.values() if n) == [1, 1]
     assert reports == ["[replica_0:abc/0 - step 8] got exception waiting for work: Connection reset by peer"]
     assert others == ["something else"]
+
+
+def test_without_torchft_the_section_gets_a_reason(monkeypatch):
+    import sys
+
+    from course_lib.fault_tolerance import torchft_available
+
+    monkeypatch.setitem(sys.modules, "torchft", None)  # as on a platform with no wheel
+    ok, why = torchft_available()
+    assert not ok and "Linux x86_64 only" in why and "make setup" in why
