@@ -521,26 +521,40 @@ def _an_idle_kernel_is_culled(url, linus: Hub) -> None:
     linus.wait_until("linus's idle kernel culled", lambda: kernels() == [], KERNEL_IDLE_S + 90)
 
 
-def _hand_in_and_grade(tmp_path, homes, env, ada: Hub) -> None:
-    """docs/instructors.md's commands: each learner's exercise folder becomes SUBMISSIONS/<learner>/.
-    ada first swaps her exercises folder for a link to grace's (which she cannot read, but may name),
-    hoping to be graded for grace's work, or to have the root-run collection write into grace's home."""
-    grace_exercises = homes / f"{TEST_PREFIX}grace" / "exercises"
-    swap = Kernel(ada, "ada", "swap.ipynb")
-    assert swap.json(f"import os, shutil, json; home = os.path.expanduser('~'); "
-                     f"shutil.rmtree(home + '/exercises'); os.symlink({str(grace_exercises)!r}, home + '/exercises'); "
-                     f"print(json.dumps(os.readlink(home + '/exercises')))") == str(grace_exercises)
+def _hand_in_and_grade(tmp_path, homes, env, learners: dict) -> None:
+    """docs/instructors.md's commands: grace and linus hand in with the guide's command in their own
+    kernels, then go on editing; each learner's handed-in folder becomes SUBMISSIONS/<learner>/. ada
+    hands in a link to grace's handed-in folder instead (she cannot read it, but may name it), hoping to
+    be graded for grace's work, or to have the root-run collection write into grace's home."""
+    guide = (REPO / "docs" / "instructors.md").read_text().splitlines()
+    hand_in = [line.strip() for line in guide if line.strip().startswith("python -m course_lib.hand_in")]
+    assert len(hand_in) == 1, hand_in
+    for name in ("grace", "linus"):
+        kernel = Kernel(learners[name], name, "hand-in.ipynb")
+        said = kernel.json(f"import json, os, pathlib, subprocess; home = os.path.expanduser('~'); "
+                           f"run = subprocess.run(['bash', '-c', {hand_in[0]!r}], cwd=home, capture_output=True, text=True); "
+                           f"pathlib.Path(home, 'exercises', 'after-handing-in.ipynb').write_text('{{}}'); "
+                           f"print(json.dumps([run.returncode, run.stdout + run.stderr]))")
+        assert said[0] == 0 and "handed in" in said[1] and "in " + str(homes) in said[1], said
+        kernel.close()
+    grace_handed_in = homes / f"{TEST_PREFIX}grace" / "handed-in"
+    swap = Kernel(learners["ada"], "ada", "swap.ipynb")
+    assert swap.json(f"import os, json; home = os.path.expanduser('~'); "
+                     f"os.symlink({str(grace_handed_in)!r}, home + '/handed-in'); "
+                     f"print(json.dumps(os.readlink(home + '/handed-in')))") == str(grace_handed_in)
     swap.close()
-    before = sorted(p.name for p in grace_exercises.iterdir())
+    before = sorted(p.name for p in grace_handed_in.iterdir())
     submissions, exercises = tmp_path / "SUBMISSIONS", tmp_path / "exercises"
     exercises.mkdir()
     shutil.copy(REPO / "exercises" / LESSON, exercises)
-    guide = (REPO / "docs" / "instructors.md").read_text().splitlines()
     collect = "\n".join(line.strip() for line in guide if line.strip().startswith(("mkdir SUBMISSIONS", "for home in")))
     assert collect.count("\n") == 1, collect
     subprocess.run(["bash", "-c", collect], cwd=tmp_path, env={**os.environ, **env, "HUB_HOMES": str(homes)},
                    check=True)
     assert (submissions / "ada").is_symlink()  # `cp -r` copies her link as a link, not grace's files
+    handed = sorted(["HANDED_IN.txt", *(p.name for p in (REPO / "exercises").glob("*.ipynb"))])
+    for name in ("grace", "linus"):  # what was handed in (every exercise), not what was written after
+        assert sorted(p.name for p in (submissions / name).iterdir()) == handed
     graded = subprocess.run([sys.executable, str(REPO / "scripts" / "grade.py"), str(submissions),
                              "--exercises", str(exercises)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert graded.returncode == 0, graded.stdout + graded.stderr
@@ -551,7 +565,7 @@ def _hand_in_and_grade(tmp_path, homes, env, ada: Hub) -> None:
     for name in ("grace", "linus"):  # untouched exercises: nothing earned, but graded and explained
         assert float(rows[name]["total"]) == 0 and float(rows[name]["max"]) > 0, rows[name]
         assert "FAILED" in (submissions / name / "feedback.txt").read_text()
-    assert sorted(p.name for p in grace_exercises.iterdir()) == before  # nothing written into grace's home
+    assert sorted(p.name for p in grace_handed_in.iterdir()) == before  # nothing written into grace's home
 
 
 @pytest.mark.timeout(1500)
@@ -627,7 +641,7 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
             assert outcome["failure"] is None and outcome["failed"] == 0 and outcome["passed"] > 0, outcome
 
         started = time.monotonic()
-        _hand_in_and_grade(tmp_path, homes, env, learners["ada"])
+        _hand_in_and_grade(tmp_path, homes, env, learners)
         timings["collect and grade"] = time.monotonic() - started
 
         started = time.monotonic()
