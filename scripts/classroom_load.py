@@ -60,12 +60,18 @@ def one_learner(notebook: str, folder: str, queue) -> None:
     # the ports a kernel is given are free when chosen but can be taken by another learner's
     # ranks before the kernel binds them, and that kernel never starts.
     kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(folder) / "kernel"))
+    # Each learner of a class is a user of their own, with a launch server of their own (one user's kernels
+    # share one: course_lib/launcher/shared_server.py); here all run as one user, so each gets a runtime
+    # folder of its own (short: a socket's path has at most 107 bytes).
+    runtime = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    os.environ["XDG_RUNTIME_DIR"] = runtime
     try:
         NotebookClient(nb, km=kernel, timeout=900, resources={"metadata": {"path": folder}}).execute()
     except Exception as exc:  # noqa: BLE001 - a failing learner is a result, not a crash
         error = _describe(exc, nb)
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                    for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []))
+    shutil.rmtree(runtime, ignore_errors=True)
     queue.put({"notebook": Path(notebook).name, "seconds": time.perf_counter() - started,
                "error": error or ("a check failed" if "\u2718" in text else None),
                "clashes": text.count(CLASH)})
