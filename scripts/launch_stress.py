@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,10 +49,13 @@ def spin(stop_at: float) -> None:
 
 
 def one_round(learners: int, ranks: int, limit_s: float) -> list[tuple[bool, str]]:
-    environment = dict(os.environ, PYTHONPATH=str(REPO))
-    started = [subprocess.Popen([sys.executable, "-c", LEARNER, str(ranks)], cwd=REPO, env=environment,
+    # Each learner is a user of their own, with a launch server of their own (one user's kernels share one:
+    # course_lib/launcher/shared_server.py); here all run as one user, so each gets a runtime folder.
+    runtimes = [tempfile.mkdtemp(prefix="rt-", dir="/tmp") for _ in range(learners)]
+    started = [subprocess.Popen([sys.executable, "-c", LEARNER, str(ranks)], cwd=REPO,
+                                env=dict(os.environ, PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=runtime),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for _ in range(learners)]
+               for runtime in runtimes]
     outcomes = []
     for process in started:
         try:
@@ -61,6 +66,8 @@ def one_round(learners: int, ranks: int, limit_s: float) -> list[tuple[bool, str
             outcomes.append((False, f"no answer in {limit_s:g} s\n{err}"))
             continue
         outcomes.append((process.returncode == 0, out.strip() if process.returncode == 0 else err))
+    for runtime in runtimes:
+        shutil.rmtree(runtime, ignore_errors=True)
     return outcomes
 
 
