@@ -66,7 +66,7 @@ def test_every_test_submissions_answers_compile():
 # earn a point. Several are errors the judge's kernel cannot send to nbval (a message that is not UTF-8, an
 # exception whose __str__ raises), which nbval took for passes until a pass had to be proven by the judge's
 # record (course_lib.grading.proof). The first stub of every chapter gets the first; the rest are drawn.
-STUB = 'raise NotImplementedError("Your code here: see the hint above")'
+STUB = 'raise NotImplementedError("Your code here")'
 ONLY_RAISES = [
     'raise ValueError("\\ud800")',
     'raise type("Unreadable", (Exception,), {"__str__": lambda self: str(1 / 0)})()',

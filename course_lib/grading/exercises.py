@@ -16,7 +16,7 @@ nbgrader cell metadata. ``exercises/<name>.ipynb`` is derived from it with nbgra
 own preprocessors, used on their own (no nbgrader database or course folder):
 
 * ``ClearSolutions``: each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes
-  ``raise NotImplementedError("Your code here: see the hint above")``, indented like the
+  ``raise NotImplementedError("Your code here")``, indented like the
   region, so the cell still defines its function;
 * ``ClearHiddenTests``: ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` regions
   are removed from check cells (the grader runs them from the solution notebook);
@@ -38,7 +38,7 @@ from pathlib import Path
 import nbformat
 
 REPO = Path(__file__).resolve().parents[2]
-STUB = 'raise NotImplementedError("Your code here: see the hint above")'
+STUB = 'raise NotImplementedError("Your code here")'
 
 
 def _preprocessors():
