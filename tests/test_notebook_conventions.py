@@ -36,3 +36,41 @@ def test_the_timing_rule_catches_a_timing_cell_without_its_line(tmp_path):
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(notebook))
     assert timing_cells_without_hardware_line(path) == [0]
+
+
+HARDWARE_LINE = re.compile(r"(\d+) CPU cores usable, load average ([0-9.]+)")
+
+
+def loaded_timings(path: Path) -> list[tuple[int, float, int]]:
+    """(cell, load average, cores) of each stored hardware line taken with more than twice as much runnable
+    work as cores: a timing measured while other programs crowded the machine. (The 1-minute load average
+    also counts the notebook's own ranks, up to 8 on the course's 2 cores for a few seconds at a time, so
+    a quiet machine's line may read above the core count; a crowded one's reads 5 to 9.)"""
+    found = []
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        for output in cell.get("outputs", []):
+            text = output.get("text", "")
+            text = "".join(text) if isinstance(text, list) else text
+            for cores, load in HARDWARE_LINE.findall(text):
+                if float(load) > 2 * int(cores):
+                    found.append((index, float(load), int(cores)))
+    return found
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.name)
+def test_every_stored_timing_was_taken_on_a_quiet_machine(path):
+    # A stored timing is a claim about the hardware printed beside it; measured while other programs kept
+    # the machine crowded, it is a claim about the crowd. Execute such a notebook again on a quiet machine
+    # (scripts/execute_notebooks.py refuses a busy one).
+    assert loaded_timings(path) == []
+
+
+def test_the_quiet_machine_rule_catches_a_loaded_timing(tmp_path):
+    line = "AMD EPYC, 2 CPU cores usable, load average {}, no GPU, torch 2.15.0\n"
+    notebook = {"cells": [{"cell_type": "code", "source": [], "outputs": [{"output_type": "stream", "name": "stdout",
+                                                                            "text": [line.format("3.9")]}]},
+                          {"cell_type": "code", "source": [], "outputs": [{"output_type": "stream", "name": "stdout",
+                                                                            "text": line.format("4.6")}]}]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(notebook))
+    assert loaded_timings(path) == [(1, 4.6, 2)]
