@@ -193,6 +193,23 @@ def test_an_error_of_its_own_is_reported_as_it_is_whatever_the_peers_raise_next(
         assert str(info.value).splitlines()[-3:] == [f"Rank {rank} was stopped." for rank in (0, 2, 3)]
 
 
+def closes_its_connections_then_raises():
+    if dist.get_rank() == 1:
+        dist.destroy_process_group()  # its peers lose their connections before it reports its error
+        time.sleep(0.3)
+        raise ValueError("rank 1 cannot continue")
+    dist.barrier()
+
+
+def test_an_error_of_its_own_is_reported_the_same_when_its_peers_report_first():
+    # The peers' lost connections reach the parent before rank 1's error (before the change, this gave
+    # "Rank 0 failed too, with RuntimeError: ... Connection reset by peer" for ranks 0, 2, 3).
+    with pytest.raises(WorkerError) as info:
+        launch(closes_its_connections_then_raises, 4, timeout=60)
+    assert (info.value.rank, info.value.exc_type, info.value.also_failed) == (1, "ValueError", [])
+    assert str(info.value).splitlines()[-3:] == [f"Rank {rank} was stopped." for rank in (0, 2, 3)]
+
+
 def one_finishes_one_fails_two_wait():
     if dist.get_rank() == 3:
         return "done"

@@ -5,8 +5,8 @@ the report names it. When a rank dies, its peers' sockets close at once and gloo
 "Connection closed by peer" on them; that error can reach the parent before the death does. So
 after such an error the parent watches the other ranks up to ``_FAILURE_GRACE_S`` longer and
 blames the rank that died or raised an error of its own, listing the others and saying which
-ranks had finished. When the first error is the cause itself, a peer's lost connection that comes
-with it is not listed (whether it came in time is chance): the report is the same every time.
+ranks had finished. When the cause is a rank's own error, a peer's lost connection is not listed,
+whether it came in before or after that error (which is chance): the report is the same every time.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ def _gather_failure(inbox, first: WorkerError) -> WorkerError:
         # that error came in before the peer was stopped is timing: the report says it was stopped.
         stopped = {other.rank for other in late if _lost_a_peer(other)}
         late = [other for other in late if other.rank not in stopped]
+        if error.exc_type != "ProcessDied":
+            # Likewise when a peer's lost connection came in even before the cause's own error (a rank
+            # that raised exits at once, and its peers may report first): the same report either way.
+            victims = {other.rank for other in error.also_failed if _lost_a_peer(other)}
+            error.also_failed = [other for other in error.also_failed if other.rank not in victims]
+            stopped |= victims
     failed = {error.rank} | {other.rank for other in [*error.also_failed, *late]}
     finished = set(range(inbox.world_size)) - inbox.pending - failed - stopped
     return error.with_every_rank(finished, late)
