@@ -135,7 +135,8 @@ def _start_server(folder: Path, key: str, launch: Path, alive: Path, preload: li
             program = _SERVER.format(paths=[str(launch), str(alive), str(log_path)], listener=listener.fileno(),
                                      reading=reading, preload=preload,
                                      data={"sys_path": sys.path, "main_path": None})
-            subprocess.run([sys.executable, "-c", program], pass_fds=(listener.fileno(), reading), check=True,
+            # One line of command, as CPython's own forkserver has: process listings (ps, py-spy) show it whole.
+            subprocess.run([sys.executable, "-c", f"exec({program!r})"], pass_fds=(listener.fileno(), reading), check=True,
                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/",
                            timeout=60)
     except BaseException:
