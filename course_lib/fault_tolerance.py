@@ -212,10 +212,16 @@ def _incarnation(train, replica_id, lighthouse, steps, stderr_path, conn, go):
 
 
 def _mark(folder, name, text=""):
+    """Write a mark file whole: a reader sees it complete or not at all.
+
+    Several slots may write the same mark at once ("finished": each slot that ends checks whether it
+    was the last, and two can both see every slot done), so each writes through a file of its own.
+    """
     path = os.path.join(folder, name)
-    with open(path + ".tmp", "w") as f:
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as f:
         f.write(text)
-    os.replace(path + ".tmp", path)
+    os.replace(partial, path)
 
 
 def _read_mark(folder, name):

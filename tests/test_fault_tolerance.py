@@ -221,3 +221,26 @@ def test_without_torchft_the_section_gets_a_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchft", None)  # as on a platform with no wheel
     ok, why = torchft_available()
     assert not ok and "Linux x86_64 only" in why and "make setup" in why
+
+
+def _write_the_same_mark(folder, times):
+    from course_lib.fault_tolerance import _mark
+
+    for _ in range(times):
+        _mark(folder, "finished")
+
+
+def test_slots_that_end_together_can_all_write_the_finished_mark(tmp_path):
+    """Two slots ending at once can both see every slot done and both write "finished": once, in CI,
+    the second's rename found the first's temporary file already renamed (FileNotFoundError), and
+    the lesson's torchft cell failed. Four processes here write the same mark 300 times each."""
+    import multiprocessing as mp
+
+    writers = [mp.get_context("fork").Process(target=_write_the_same_mark, args=(str(tmp_path), 300))
+               for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(60)
+    assert [w.exitcode for w in writers] == [0, 0, 0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["finished"]  # no temporary file left behind
