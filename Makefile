@@ -184,7 +184,7 @@ unit: $(STAMP)
 # under nbval, and the grading of a small class of chapter 01 (tests/test_grading.py); without the
 # browser, the hub, Slurm, the sandbox's attacks and every chapter's class, which `make test` runs.
 QUICK_SKIP := test_browser test_chapter_exercises test_hub test_hub_door test_slurm test_sandbox \
-  test_notebook_kernel test_torchrun_claims test_setup test_learner_memory
+  test_notebook_kernel test_torchrun_claims test_setup test_learner_memory test_doc_commands
 test-quick: $(STAMP)
 	$(TEST_ENV) COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(foreach t,$(QUICK_SKIP),--ignore=tests/$(t).py) \
 	  notebooks/01_collectives.ipynb solutions/01_collectives.ipynb $(NBVAL) $(PARALLEL) -q

@@ -521,6 +521,39 @@ def _an_idle_kernel_is_culled(url, linus: Hub) -> None:
     linus.wait_until("linus's idle kernel culled", lambda: kernels() == [], KERNEL_IDLE_S + 90)
 
 
+def _the_guides_api_calls(tmp_path, url: str, token: str, cert, instructor) -> None:
+    """docs/instructors.md, "Start servers ahead of time": every roster name is a user from the hub's start,
+    and the guide's lines, run by bash as written, start ada's server, then stop it. In place of the
+    example's: the test hub's address, its token in .hub/api_token (where the hub keeps it when
+    HUB_API_TOKEN is not set), its certificate for curl, and, as root where sudo is not installed, a
+    `sudo` that runs its command."""
+    assert {name for name in LEARNERS} <= {user["name"] for user in instructor.api("GET", "users")}
+    guide = (REPO / "docs" / "instructors.md").read_text()
+    block = guide.split("* **Start servers ahead of time**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert len(lines) == 3 and lines[0].startswith("TOKEN=$(sudo cat .hub/api_token); HUB=https://hub.example.org:8000/"), lines
+    assert "ada/server" in lines[1] and "-X POST" in lines[1] and "ada/server" in lines[2] and "-X DELETE" in lines[2], lines
+    setup = lines[0].replace("https://hub.example.org:8000", url)
+    folder = tmp_path / "instructor"
+    (folder / ".hub").mkdir(parents=True)
+    (folder / ".hub" / "api_token").write_text(token)
+    tools = folder / "bin"
+    tools.mkdir()
+    if shutil.which("sudo") is None:
+        (tools / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+        (tools / "sudo").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "CURL_CA_BUNDLE": str(cert)}
+    assert instructor.server("ada") is None
+    for line, wanted in ((lines[1], "ada's server is ready"), (lines[2], "ada's server stopped")):
+        run = subprocess.run(["bash", "-c", f"set -e\n{setup}\n{line}"], cwd=folder, env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0 and '"status": 4' not in run.stdout, (line, run.stdout, run.stderr)
+        if "POST" in line:
+            instructor.wait_until(wanted, lambda: (instructor.server("ada") or {}).get("ready"), 300)
+        else:
+            instructor.wait_until(wanted, lambda: instructor.server("ada") is None, 120)
+
+
 def _hand_in_and_grade(tmp_path, homes, env, learners: dict) -> None:
     """docs/instructors.md's commands: grace and linus hand in with the guide's command in their own
     kernels, then go on editing; each learner's handed-in folder becomes SUBMISSIONS/<learner>/. ada
@@ -661,6 +694,10 @@ def test_a_class_logs_in_runs_a_lesson_hands_in_and_stays_apart(tmp_path):
             instructor.http.delete(f"{url}/hub/api/users/{name}/server", timeout=120)
         for name in LEARNERS:
             instructor.wait_until(f"{name}'s server stopped", lambda: instructor.server(name) is None, 120)
+
+        started = time.monotonic()
+        _the_guides_api_calls(tmp_path, url, token, cert, instructor)
+        timings["the guide's API calls"] = time.monotonic() - started
     finally:
         before_stop = _processes_of(hub_process, homes)
         stop_hub(process)
