@@ -32,7 +32,7 @@ PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").g
 PYTHON = REPO / ".venv" / "bin" / "python"
 # A make inside make (this file under `make test`) would print "Entering directory" lines, and take its flags.
 MAKE_ENV = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-COMMAND_START = re.compile(r"^(make |\.venv/bin/\S+|python -m |sudo |torchrun |curl |([A-Z_]+=\S+ )+(make|\.venv)\b)")
+COMMAND_START = re.compile(r"^(make |\.venv/bin/\S+|python3? |sudo |torchrun |curl |([A-Z_]+=\S+ )+(make|\.venv)\b)")
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,7 @@ PROOFS = {
     "make execute": Wraps("execute", "scripts/execute_notebooks.py notebooks solutions"),
     ".venv/bin/python scripts/execute_notebooks.py notebooks/NN_x.ipynb": Here("test_a_notebook_executed_and_stored"),
     ".venv/bin/python scripts/chapter_minutes.py --write": Here("test_the_minutes_written_as_the_guide_says"),
+    ".venv/bin/python scripts/notebook_memory.py --measure notebooks/NN_x.ipynb": Here("test_a_notebooks_memory_measured"),
     "make lock": Wraps("lock", "uv pip compile pyproject.toml"),
     "make lock UPGRADE=--upgrade": Wraps("lock UPGRADE=--upgrade", "--upgrade -o requirements.lock"),
     "make test-oldest": Wraps("test-oldest", "--resolution lowest-direct"),
@@ -138,7 +139,7 @@ def doc_commands() -> dict[str, list[str]]:
                 if line and not line.startswith("#"):
                     found.setdefault(" ".join(line.split()), []).append(page.name)
         for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S)):
-            if COMMAND_START.match(span.strip()):
+            if COMMAND_START.match(" ".join(span.split())):
                 found.setdefault(" ".join(span.split()), []).append(page.name)
     return found
 
@@ -245,6 +246,23 @@ def test_a_notebook_executed_and_stored(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert nbformat.read(lesson, 4).cells[0].outputs[0]["text"] == "42\n"
     assert "notebooks/NN_x.ipynb" in json.loads((course / "docs" / "run_times.json").read_text())
+
+
+def test_a_notebooks_memory_measured(tmp_path):
+    """CONTRIBUTING's command on a small notebook of a scratch course: its peak recorded, and the README's
+    sentence (set by the course's largest peak, far above this notebook's) kept."""
+    import nbformat
+
+    course = scratch_course(tmp_path, "scripts/notebook_memory.py", "scripts/execute_notebooks.py", "course_lib", "docs",
+                            "README.md")
+    (course / "notebooks").mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]),
+                   course / "notebooks" / "NN_x.ipynb")
+    readme = (course / "README.md").read_text()
+    run = run_as_written(".venv/bin/python scripts/notebook_memory.py --measure notebooks/NN_x.ipynb", course)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads((course / "docs" / "notebook_memory.json").read_text())["notebooks/NN_x.ipynb"]
+    assert (course / "README.md").read_text() == readme
 
 
 def test_grading_a_class_as_the_guide_says(tmp_path):
