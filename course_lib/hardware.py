@@ -34,6 +34,21 @@ def load_average() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
+def free_cores(seconds: float = 0.5) -> float | None:
+    """Cores of this process's share that no program used over the next ``seconds`` (this one's other
+    threads included), from the operating system's CPU counters: what a measurement that needs idle
+    cores can count on right now. The load average cannot tell: it trails the last minute. None where
+    the counters cannot be read."""
+    import psutil
+
+    try:
+        busy = psutil.cpu_percent(interval=seconds) / 100 * (psutil.cpu_count() or 1)
+    except (OSError, RuntimeError, psutil.Error):
+        return None
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return round(max(0.0, min(mine, (psutil.cpu_count() or 1) - busy)), 1)
+
+
 def gpu_names() -> list[str]:
     if not torch.cuda.is_available():
         return []
