@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -343,10 +344,19 @@ STOPPED_BY = {
     # make that mistake return a layout over the budget: the head left out of the only stage (pp = 1), the
     # norms divided by tp.
     ("11_putting_it_together", "wrong1_no_head_local_log_softmax"): [
-        "FAILED hidden case 1 of 6 (the head decides)", "), over the budget",
+        "FAILED hidden case 1 of 11 (the head decides)", "), over the budget",
     ],
     ("11_putting_it_together", "wrong2_norms_over_tp_detached_sum"): [
-        "FAILED hidden case 2 of 6 (the replicated norms decide)", "), over the budget",
+        "FAILED hidden case 2 of 11 (the replicated norms decide)", "), over the budget",
+    ],
+    # Right in the visible case, and each over-counts: the model states not divided by dp, the embeddings whole
+    # on every tp rank. Stopped by a hidden case (the one drawn for that mistake, or an earlier one) where a
+    # faster layout fits.
+    ("11_putting_it_together", "wrong7_states_whole_on_dp_dist_nn_all_reduce"): [
+        "FAILED hidden case", "fits, but the cost model gives it",
+    ],
+    ("11_putting_it_together", "wrong8_embeddings_whole_gathered_logits"): [
+        "FAILED hidden case", "fits, but the cost model gives it",
     ],
 }
 
@@ -383,3 +393,95 @@ def test_grading_rewards_right_answers_and_only_them(exercise, graded_class):
         if chapter == name:
             for reason in reasons:
                 assert reason in feedback(student), f"{student} was not stopped by '{reason}':\n{feedback(student)}"
+
+
+# Chapter 11, exercise 1: its hidden cases are drawn from the grading run's secret, each until its budget makes
+# a plausible mistake return a wrong layout. Whatever the secret, every mistake must be caught: a test per draw.
+CH11_DRAWS, CH11_DRAWS_RIGHT = 200, 20
+
+
+def chapter11_hidden_judge(monkeypatch) -> dict:
+    """Exercise 1's setup, check helpers and hidden-case definitions from the solution, run in this process
+    (no ranks: the hidden cases are judged by the count), with the cost model memoized."""
+    from course_lib import capstone
+
+    monkeypatch.setenv("COURSE_LEARNER_SIDE", "1")  # the setup's Learner, inert as in a worker
+    cells = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"])
+             for c in json.loads((REPO / "solutions" / "11_putting_it_together.ipynb").read_text())["cells"]}
+    namespace: dict = {}
+    exec(cells["setup"], namespace)
+    seconds: dict = {}
+
+    def step_time_model(config, *layout_and_batch, **cluster):
+        key = (config, layout_and_batch, tuple(sorted(cluster.items())))
+        if key not in seconds:
+            seconds[key] = capstone.step_time_model(config, *layout_and_batch, **cluster)
+        return seconds[key]
+
+    namespace["step_time_model"] = step_time_model
+    exec(cells["ex1-check-helpers"], namespace)
+    hidden = cells["ex1-check"].split("### BEGIN HIDDEN TESTS\n")[1]
+    exec(textwrap.dedent(hidden.split('rng = random.Random(hidden_seed("11 ex1 cases"))')[0]), namespace)
+    return namespace
+
+
+def chapter11_choose_layout(judge: dict, notebook: Path):
+    """The notebook's choose_layout, defined beside the setup (as a worker runs it)."""
+    namespace = dict(judge)
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == "ex1-choose-layout":
+            exec("".join(cell["source"]), namespace)
+    return namespace["choose_layout"]
+
+
+def chapter11_verdict(judge: dict, case, budget: int, layout) -> str:
+    """The hidden check's verdict on one case, as its expects give it: 'right' or why not."""
+    if not isinstance(layout, tuple | list) or tuple(layout) not in set(case.layouts):
+        return f"not a valid layout: {layout!r}"
+    layout = tuple(layout)
+    peak = max(map(sum, judge["judge_stage_peaks"](case.config, layout, case.batch_size)))
+    if peak > budget:
+        return "over the budget"
+    best = min(case.fastest(budget))
+    return "right" if case.seconds[layout] <= case.seconds[best] * (1 + 1e-9) else "slower than one that fits"
+
+
+@pytest.mark.timeout(600)
+def test_chapter11_exercise1_hidden_cases_catch_every_plausible_mistake_on_every_draw(monkeypatch):
+    """Over many draws of the hidden cases (as many grading secrets), every wrong submission of exercise 1 and
+    every mistake the judge reproduces returns a wrong layout on at least one case, and the solution and the
+    unusual correct submissions are right on every case (of the first draws). Before the hidden cases drawn for
+    them, two plausible mistakes (model states not divided by dp: wrong7; the embeddings left whole under tp:
+    wrong8) passed every hidden case on 15 and 45 of these 200 draws."""
+    judge = chapter11_hidden_judge(monkeypatch)
+    folder = SUBMISSIONS / "11_putting_it_together"
+    right = {"solution": REPO / "solutions" / "11_putting_it_together.ipynb",
+             **{path.stem: path for path in sorted(folder.glob("unusual*.ipynb"))}}
+    wrong = {path.stem: path for path in sorted(folder.glob("wrong*.ipynb")) if "tamper" not in path.stem}
+    answers = {name: chapter11_choose_layout(judge, path) for name, path in {**right, **wrong}.items()}
+    mistakes = [name for name in judge["MISTAKES"] if name]
+    escaped: dict = {}
+    for draw in range(CH11_DRAWS):
+        rng = random.Random(f"11 ex1 cases, draw {draw}")
+        cases = [judge["draw_case"](rng, *family) for family in judge["FAMILIES"]]
+        for name, choose in answers.items():
+            if name in right and draw >= CH11_DRAWS_RIGHT:  # one correct submission builds a model per layout: slow
+                continue
+            verdicts = []
+            for _, case, budget in cases:
+                try:
+                    layout = choose(case.config, case.world_size, case.batch_size, budget, case.cluster)
+                except Exception as error:  # a wrong count may find nothing that fits
+                    layout = error
+                verdicts.append(chapter11_verdict(judge, case, budget, layout))
+            if name in right and verdicts != ["right"] * len(cases):
+                escaped.setdefault(name, []).append((draw, verdicts))
+            if name in wrong and verdicts == ["right"] * len(cases):
+                escaped.setdefault(name, []).append(draw)
+        for mistake in mistakes:  # escaped: on every case, one of the layouts its count makes fastest is right
+            for _, case, _ in cases:
+                case.peak.setdefault(mistake, {layout: max(map(sum, judge["judge_stage_peaks"](
+                    case.config, layout, case.batch_size, **judge["MISTAKES"][mistake][0]))) for layout in case.layouts})
+            if all(case.fastest(budget, mistake) & case.fastest(budget) for _, case, budget in cases):
+                escaped.setdefault(mistake, []).append(draw)
+    assert not escaped, escaped
