@@ -56,7 +56,8 @@ def _zen_of_python() -> str:
 with contextlib.redirect_stdout(None):
     TEXT = _zen_of_python()
 # Padded to 48 symbols: a vocabulary that splits evenly over 2, 3, 4, 6 or 8 tensor-parallel ranks
-# (GPT-2 pads its 50257 tokens to 50304 for the same reason). The pad symbols never occur.
+# (GPT-2's 50257 tokens divide by none of them; chapter 11's large model rounds them up to 50304, a multiple
+# of 64, which all of them divide). The pad symbols never occur.
 SYMBOLS = sorted(set(TEXT)) + [f"<pad{i}>" for i in range(48 - len(set(TEXT)))]
 
 
