@@ -267,15 +267,19 @@ STOPPED_BY = {
     ("03_ddp", "wrong_tamper_emptied_passes"): [
         "rank 0: the gradients sent back: the check compared 0 of 1 pass: results came back for 0 of them",
     ],
-    # Every failure in an ExceptionGroup, but in the order the threads finished.
-    ("02_data_parallel", "wrong_tensor_split_and_finishing_order"): [
+    # Shares in proportion to the speeds, rounded by largest remainder: not the fastest split; every failure in an
+    # ExceptionGroup, but in the order the threads finished.
+    ("02_data_parallel", "wrong_largest_remainder_and_finishing_order"): [
+        "split_by_speed(3, [4, 1, 1], [3, 3, 3]): [2, 1, 0] takes 1 s (device 1 finishes last)",
         "replicas [2, 3] failing, finishing in the order [3, 1, 2, 0]: the replicas whose exceptions the group holds",
     ],
+    # chunk's equal shares, whatever the speeds.
+    ("02_data_parallel", "wrong_chunk_and_flat_only"): ["those are chunk's equal shares, whatever the speeds"],
     # Right answers that first empty the check's own data on the learner side, through the stack: the list of
     # cases in the frame of the check's function, and the gathered parts it sends back (from a patched loss).
     # Each check counts what it compared against its own number of cases, fixed in the judge.
     ("02_data_parallel", "wrong_tamper_emptied_cases__parts_cleared__first_failure_only__equal_weights"): [
-        "split_batch's results: the check compared 0 of 8 cases: results came back for 1 of them",
+        "split_by_speed's results: the check compared 0 of 8 cases: results came back for 1 of them",
         "the gathered outputs sent back: the check compared 0 of 3 parts: results came back for 0 of them",
     ],
     # Gradient clipping with accumulation: clip_grad_norm_ after every micro-batch's backward, as in a single-GPU
