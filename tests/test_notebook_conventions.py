@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LESSONS = sorted((REPO / "notebooks").glob("*.ipynb"))
 TIMER = re.compile(r"perf_counter|time\.monotonic\(|median_of\(|best_of\(|\bseconds\(|time\.time\(")
+PRINTED_LOAD = re.compile(r"print\(\w*load\)")   # a course_lib.hardware.MachineLoad: both lines
 
 
 def timing_cells_without_hardware_line(path: Path) -> list[int]:
@@ -18,7 +19,8 @@ def timing_cells_without_hardware_line(path: Path) -> list[int]:
     cells = json.loads(path.read_text())["cells"]
     return [index for index, cell in enumerate(cells) if cell["cell_type"] == "code"
             for source in ["".join(cell["source"])]
-            if "NBVAL_IGNORE_OUTPUT" in source and TIMER.search(source) and "hardware_line(" not in source]
+            if "NBVAL_IGNORE_OUTPUT" in source and TIMER.search(source) and "hardware_line(" not in source
+            and not PRINTED_LOAD.search(source)]
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.name)
@@ -74,3 +76,48 @@ def test_the_quiet_machine_rule_catches_a_loaded_timing(tmp_path):
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(notebook))
     assert loaded_timings(path) == [(1, 4.6, 2)]
+
+
+FREE_CORES = re.compile(r"([0-9.]+) of (\d+) cores free")
+
+
+def cell_texts(path: Path):
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        texts = [output.get("text", "") for output in cell.get("outputs", [])]
+        yield index, "".join("".join(t) if isinstance(t, list) else t for t in texts)
+
+
+def timings_without_their_after_line(path: Path) -> list[int]:
+    """Cells whose stored output says where a timing ran, but not the load it ended at."""
+    return [index for index, text in cell_texts(path)
+            if HARDWARE_LINE.search(text) and "after the measurement:" not in text]
+
+
+def timings_on_busy_cores(path: Path) -> list[tuple[int, float, int]]:
+    """(cell, free cores, cores) of each stored reading, before or after a timing, with less than three
+    quarters of the cores free: another program shared the cores the timing measured."""
+    return [(index, float(free), int(cores)) for index, text in cell_texts(path)
+            for free, cores in FREE_CORES.findall(text) if float(free) < 0.75 * int(cores)]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.name)
+def test_every_stored_timing_shows_the_load_before_and_after_it(path):
+    # The load guard of scripts/execute_notebooks.py runs once, when a notebook starts; each timing
+    # reads the cores free just before and just after it measures (course_lib.hardware.machine_load).
+    assert timings_without_their_after_line(path) == []
+    assert timings_on_busy_cores(path) == []
+
+
+def test_the_before_and_after_rules_catch_what_they_are_for(tmp_path):
+    before = "AMD EPYC, 2 CPU cores usable, load average 0.3, {} of 2 cores free, no GPU, torch 2.15.0\n"
+    after = "after the measurement: load average 0.4, {} of 2 cores free\n"
+    outputs = [[before.format("1.9")],                                  # no after line
+               [before.format("2.0"), "12.0 ms\n", after.format("1.0")],  # another program came in meanwhile
+               [before.format("1.4"), after.format("1.9")],              # it was there before
+               [before.format("1.9"), after.format("2.0")]]              # as it should be
+    notebook = {"cells": [{"cell_type": "code", "source": [], "outputs": [{"output_type": "stream", "name": "stdout",
+                                                                           "text": text}]} for text in outputs]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(notebook))
+    assert timings_without_their_after_line(path) == [0]
+    assert timings_on_busy_cores(path) == [(1, 1.0, 2), (2, 1.4, 2)]

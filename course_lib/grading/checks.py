@@ -19,8 +19,8 @@ again when a busy machine blurred it, instead of failing a correct notebook or a
 what it compares, so that a learner side that sends back fewer results than the check has cases
 fails instead of leaving cases uncompared::
 
-    results = learner.call(split_batch_results, cases)
-    expect_count(results, len(cases), "split_batch's results")
+    results = learner.call(split_by_speed_results, cases)
+    expect_count(results, len(cases), "split_by_speed's results")
     for case, got in zip(cases, results, strict=True):
         ...
 """
