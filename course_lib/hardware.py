@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from .launcher import available_cpus
+from .launcher.devices import real_cpus
 
 
 def cpu_name() -> str:
@@ -38,7 +39,7 @@ def cores_here() -> int:
     """The cores this process may really run on (its affinity), whatever ``COURSE_CPUS`` pretends. A timed
     launch sizes its ranks' threads by these: threads that outnumber the real cores wait for each other at
     every step of a matrix multiply, and on a busy machine a second of work takes minutes."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return real_cpus()
 
 
 def free_cores(seconds: float = 0.5) -> float | None:

@@ -43,20 +43,20 @@ def test_the_timing_rule_catches_a_timing_cell_without_its_line(tmp_path):
 HARDWARE_LINE = re.compile(r"(\d+) CPU cores usable, load average ([0-9.]+)")
 
 
+def cell_texts(path: Path):
+    """(index, the text of all its stored outputs) of each cell."""
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        texts = [output.get("text", "") for output in cell.get("outputs", [])]
+        yield index, "".join("".join(t) if isinstance(t, list) else t for t in texts)
+
+
 def loaded_timings(path: Path) -> list[tuple[int, float, int]]:
     """(cell, load average, cores) of each stored hardware line taken with more than twice as much runnable
     work as cores: a timing measured while other programs crowded the machine. (The 1-minute load average
     also counts the notebook's own ranks, up to 8 on the course's 2 cores for a few seconds at a time, so
     a quiet machine's line may read above the core count; a crowded one's reads 5 to 9.)"""
-    found = []
-    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
-        for output in cell.get("outputs", []):
-            text = output.get("text", "")
-            text = "".join(text) if isinstance(text, list) else text
-            for cores, load in HARDWARE_LINE.findall(text):
-                if float(load) > 2 * int(cores):
-                    found.append((index, float(load), int(cores)))
-    return found
+    return [(index, float(load), int(cores)) for index, text in cell_texts(path)
+            for cores, load in HARDWARE_LINE.findall(text) if float(load) > 2 * int(cores)]
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.name)
@@ -79,12 +79,6 @@ def test_the_quiet_machine_rule_catches_a_loaded_timing(tmp_path):
 
 
 FREE_CORES = re.compile(r"([0-9.]+) of (\d+) cores free")
-
-
-def cell_texts(path: Path):
-    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
-        texts = [output.get("text", "") for output in cell.get("outputs", [])]
-        yield index, "".join("".join(t) if isinstance(t, list) else t for t in texts)
 
 
 def timings_without_their_after_line(path: Path) -> list[int]:

@@ -22,6 +22,13 @@ _FAKE_DEVICE_VARIABLE = "COURSE_FAKE_DEVICE"
 _SEES_ALL_GPUS_VARIABLE = "COURSE_RANK_SEES_ALL_GPUS"
 
 
+def real_cpus() -> int:
+    """CPU cores this process may really run on (taskset, cgroups via affinity), whatever COURSE_CPUS says."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def available_cpus() -> int:
     """CPU cores this process may use (respects taskset, cgroups via affinity).
 
@@ -33,9 +40,7 @@ def available_cpus() -> int:
         if not pretend.isdigit() or int(pretend) < 1:
             raise ValueError(f"COURSE_CPUS must be a positive whole number of cores, got {pretend!r}")
         return int(pretend)
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return real_cpus()
 
 
 def threads_per_rank(world_size: int) -> int:
