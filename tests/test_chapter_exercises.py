@@ -362,6 +362,32 @@ STOPPED_BY = {
     ("11_putting_it_together", "wrong8_embeddings_whole_gathered_logits"): [
         "FAILED hidden case", "fits, but the cost model gives it",
     ],
+    # The classic slips of a DiLoCo outer step, quantised or not, each named by the check: the parameters
+    # averaged (no outer optimizer), through the int8 codes or in float64 (which the byte count would stop too);
+    # a sign error, in the pseudo-gradient or in the step; the replicas not restarted from the new outer copy, or
+    # restarted from the old one.
+    ("14_fault_tolerance", "wrong_averages_the_parameters"): [
+        "your answer matches one that sets the outer parameters to the mean of the replicas' parameters (as the "
+        "codes carry them): that is averaging the parameters, with no outer optimizer",
+    ],
+    ("14_fault_tolerance", "wrong_averages_the_parameters_in_float64"): [
+        "your answer matches one that sets the outer parameters to the mean of the replicas' parameters: that is "
+        "averaging the parameters, with no outer optimizer",
+    ],
+    ("14_fault_tolerance", "wrong_pseudo_gradient_new_minus_old"): [
+        "your answer matches one that moves the outer parameters the wrong way: a sign error",
+    ],
+    ("14_fault_tolerance", "wrong_steps_along_the_pseudo_gradient"): [
+        "your answer matches one that moves the outer parameters the wrong way: a sign error",
+    ],
+    ("14_fault_tolerance", "wrong_replicas_not_restarted"): [
+        "your answer matches one that leaves every replica where its inner steps took it: the global copy is not "
+        "refreshed",
+    ],
+    ("14_fault_tolerance", "wrong_replicas_restart_from_the_old_outer"): [
+        "your answer matches one that restarts every replica from the outer parameters of before the step (the old "
+        "anchor)",
+    ],
 }
 
 
