@@ -11,6 +11,8 @@ and claims it; a name without a password made here cannot log in at all.
   a few free ones, each further try locks the name (or the address) out, for 5 s, then 10, 20, ...
   up to 5 minutes, and a try while locked out is refused at once, without hashing. A good login
   forgives its own try.
+* The address a try is counted under is the one the hub's proxy took the connection from
+  (``client_address``), never one the client wrote in a header.
 """
 
 from __future__ import annotations
@@ -124,6 +126,26 @@ class LoginBackoff:
 
 
 # --------------------------------------------------------------------------
+# Who is trying: the address the proxy saw
+# --------------------------------------------------------------------------
+def client_address(headers, direct: str, proxies_in_front: int = 0) -> str:
+    """The address a login came from, as a proxy of the hub's own saw it.
+
+    JupyterHub serves behind its proxy (configurable-http-proxy), which appends the address it took
+    the connection from to X-Forwarded-For; an HTTPS reverse proxy in front of it (HUB_IP=127.0.0.1)
+    appends its client's the same way, one entry further left. Those entries are the only ones a
+    client cannot write. Tornado's ``remote_ip`` cannot be used: with the X-headers JupyterHub turns
+    on, it is the client's own X-Real-Ip when there is one, any address the client likes, which
+    would let a guesser start each try as a new address (or lock a whole class's address out).
+    ``direct``: the connection's own peer, for a request that came through no proxy."""
+    entries = [entry.strip() for entry in headers.get("X-Forwarded-For", "").split(",") if entry.strip()]
+    kept_by_us = 1 + proxies_in_front  # the entries our own proxies appended, at the right end
+    if len(entries) >= kept_by_us:
+        return entries[-kept_by_us]
+    return direct
+
+
+# --------------------------------------------------------------------------
 # The authenticator
 # --------------------------------------------------------------------------
 class RosterAuthenticator(Authenticator):
@@ -134,6 +156,8 @@ class RosterAuthenticator(Authenticator):
     free_failures_per_address = Integer(
         30, config=True, help="Failed logins from one address before it waits (a class may share one)")
     hashing_threads = Integer(1, config=True, help="Logins checked at once (each takes a core for ~0.1 s)")
+    proxies_in_front = Integer(0, config=True, help="HTTPS reverse proxies in front of the hub's own proxy, "
+                               "each appending its client's address to X-Forwarded-For (HUB_IP=127.0.0.1: 1)")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -145,7 +169,9 @@ class RosterAuthenticator(Authenticator):
     async def authenticate(self, handler, data):
         name = self.normalize_username(str(data.get("username", "")))
         password = str(data.get("password", ""))
-        address = handler.request.remote_ip if handler is not None else "local"
+        address = "local" if handler is None else client_address(
+            handler.request.headers, getattr(handler.request.connection.context, "_orig_remote_ip", "direct"),
+            self.proxies_in_front)
         wait_s = self._by_address.try_now(address) or self._by_name.try_now(name)
         if wait_s > 0:  # refused before any hashing: a flood of guesses costs the hub nothing
             self.log.warning("Login for %r from %s refused: locked out for %.0f s more", name[:32], address, wait_s)

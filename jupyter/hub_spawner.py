@@ -155,6 +155,20 @@ def claim_network(ranges=LEARNER_RANGES) -> str:
                        "hub on this server: stop one of them first")
 
 
+def claim_users(prefix: str) -> None:
+    """Hold this hub's user prefix while it runs. A second hub with the same prefix would make the
+    same Unix users, and its learners would log in to the first class's homes and servers."""
+    holder = socket.socket(socket.AF_UNIX)
+    try:
+        holder.bind(f"\0course-hub-users-{prefix}")
+    except OSError:
+        holder.close()
+        raise RuntimeError(f"another hub on this server makes its learners' users as {prefix}NAME: a second class "
+                           f"on the same server needs a prefix of its own (e.g. HUB_USER_PREFIX=class2-), or "
+                           f"its learners would be the first class's") from None
+    _held_ranges.append(holder)
+
+
 def release_networks() -> None:
     while _held_ranges:
         _held_ranges.pop().close()

@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_logins import LOGINS, RosterAuthenticator, hand_out_logins  # noqa: E402
-from hub_spawner import LearnerSpawner, cgroup_problem, claim_network, firewall_problem  # noqa: E402
+from hub_spawner import LearnerSpawner, cgroup_problem, claim_network, claim_users, firewall_problem  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent  # the hub runs from the course's .venv
@@ -162,6 +162,9 @@ if any(CERTIFICATE):
     if missing:
         raise SystemExit(f"HTTPS needs both a certificate and its key as files: {' and '.join(missing)} "
                          f"{'is' if len(missing) == 1 else 'are'} missing or not a file")
+    if Path(CERTIFICATE[1]).stat().st_mode & 0o077:  # learners see the machine's files: /etc/ssl/... included
+        raise SystemExit(f"HUB_SSL_KEY={CERTIFICATE[1]} may be read by other users, learners included, who could then "
+                         f"pose as the hub: make it the hub's alone (chmod 600 {CERTIFICATE[1]})")
     c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = CERTIFICATE
 elif not _listens_on_loopback_only(c.JupyterHub.ip):
     # Passwords and login cookies must never cross a network in plain text.
@@ -211,6 +214,9 @@ USER_PREFIX = _user_prefix()
 LEARNERS = _roster()
 c.JupyterHub.authenticator_class = RosterAuthenticator
 c.RosterAuthenticator.state = str(STATE)
+# Behind an HTTPS reverse proxy (HUB_IP=127.0.0.1, no certificate here), a login's address is the one
+# that proxy saw, which it appends to X-Forwarded-For (nginx: $proxy_add_x_forwarded_for; Caddy does).
+c.RosterAuthenticator.proxies_in_front = 0 if all(CERTIFICATE) else 1
 c.Authenticator.allowed_users = LEARNERS | {ADMIN}
 c.Authenticator.allow_existing_users = False  # a name taken off the roster cannot log in any more
 # The instructor's login is no JupyterHub admin: that role may open every learner's server
@@ -249,6 +255,7 @@ c.LearnerSpawner.state = str(STATE)
 c.LearnerSpawner.hub_port = HUB_PORT
 try:  # a range of learner addresses of this hub's own (a second hub on the server takes the next)
     c.LearnerSpawner.network = claim_network()
+    claim_users(USER_PREFIX)  # (and no other hub here makes the same users)
 except RuntimeError as error:
     raise SystemExit(f"The class hub cannot start: {error}.") from None
 c.LearnerSpawner.user_prefix = USER_PREFIX

@@ -205,6 +205,7 @@ def connect(address, port):
 capabilities = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")][0]
 flush = subprocess.run(["/usr/sbin/nft", "flush", "ruleset"], capture_output=True, text=True)
 print(json.dumps({"any address": connect(MACHINE, PORTS[0]), "the link's address": connect(MACHINE, PORTS[1]),
+                  "cloud metadata": connect("169.254.169.254", 80),
                   "capabilities": capabilities, "flush the firewall": flush.returncode}))
 """
 
@@ -498,8 +499,9 @@ def _ada_attacks(url, instructor, learners, homes, state, hub_pid: int, mark: st
 
 
 def _the_machine_is_out_of_reach(probe: Kernel) -> None:
-    """The machine's services (a Slurm controller on 0.0.0.0:6817, say) refuse a learner: her
-    namespace's firewall stops every connection she opens through her link, and she cannot change it."""
+    """The machine's services (a Slurm controller on 0.0.0.0:6817, say) and a cloud's metadata address
+    refuse a learner: her namespace's firewall stops every connection she opens through her link, and
+    she cannot change it."""
     machine = probe.json(MACHINE_END)
     with socket.socket() as everywhere, socket.socket() as on_the_link:
         everywhere.bind(("0.0.0.0", 0))
@@ -509,6 +511,8 @@ def _the_machine_is_out_of_reach(probe: Kernel) -> None:
         ports = [everywhere.getsockname()[1], on_the_link.getsockname()[1]]
         tried = probe.json(f"MACHINE, PORTS = {machine!r}, {ports!r}" + REACH_THE_MACHINE)
     assert tried["any address"] == tried["the link's address"] == "ConnectionRefusedError", tried
+    # A cloud's metadata service (credentials of the machine's own, Zero to JupyterHub's warning) is out of reach too.
+    assert tried["cloud metadata"] != "connected", tried
     assert int(tried["capabilities"], 16) == 0 and tried["flush the firewall"] != 0, tried
 
 
@@ -753,6 +757,8 @@ def _load_config(env: dict, show: str = USERS) -> subprocess.CompletedProcess:
     ({"HUB_ROSTER": "ROSTER", "HUB_DOMAIN": "localhost"}, "HUB_DOMAIN='localhost' is not a DNS name"),
     ({"HUB_ROSTER": "ROSTER", "HUB_SSL_CERT": "HUB_ONLY_CERT", "HUB_SSL_KEY": "HUB_ONLY_KEY"},
      f"not for *.{DOMAIN}: the hub answers at {DOMAIN} and each learner at NAME.{DOMAIN}"),
+    ({"HUB_ROSTER": "ROSTER", "HUB_SSL_CERT": "HUB_ONLY_CERT", "HUB_SSL_KEY": "READABLE_KEY"},
+     "may be read by other users, learners included"),
 ])
 def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, settings, says):
     roster = tmp_path / "roster.txt"
@@ -765,8 +771,12 @@ def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, setting
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={DOMAIN}",
                     "-addext", f"subjectAltName=DNS:{DOMAIN}", "-keyout", str(hub_only / "key.pem"),
                     "-out", str(hub_only / "cert.pem")], check=True, capture_output=True, timeout=60)
+    readable_key = tmp_path / "readable-key.pem"  # a key as /etc/ssl's files often are: mode 644
+    shutil.copy(hub_only / "key.pem", readable_key)
+    readable_key.chmod(0o644)
     files = {"ROSTER": str(roster), "TEST_USER_ROSTER": str(test_user_roster), "CERT": str(tmp_path / "cert.pem"),
-             "HUB_ONLY_CERT": str(hub_only / "cert.pem"), "HUB_ONLY_KEY": str(hub_only / "key.pem")}
+             "HUB_ONLY_CERT": str(hub_only / "cert.pem"), "HUB_ONLY_KEY": str(hub_only / "key.pem"),
+             "READABLE_KEY": str(readable_key)}
     values = {name: files.get(value, value) for name, value in settings.items()}
     loaded = _load_config({"HUB_STATE": str(tmp_path / "state"), "HUB_IP": "127.0.0.1", "HUB_DOMAIN": DOMAIN, **values})
     assert loaded.returncode != 0 and says in loaded.stderr, loaded.stderr[-2000:]
@@ -776,10 +786,10 @@ def test_bad_settings_get_a_clear_error_before_anything_starts(tmp_path, setting
 def test_two_hubs_on_one_server_hand_out_distinct_learner_addresses(tmp_path):
     """A hub holds its range of learner addresses while it runs: a second hub takes another, and
     where none is left it refuses, saying so (the test holds only one range: a hub started beside
-    it still starts)."""
+    it still starts). It holds its user prefix too: a second hub with the same one refuses."""
     import json
 
-    from hub_spawner import LEARNER_RANGES, claim_network, release_networks
+    from hub_spawner import LEARNER_RANGES, claim_network, claim_users, release_networks
 
     roster = tmp_path / "roster.txt"
     roster.write_text("ada\n")
@@ -793,6 +803,13 @@ def test_two_hubs_on_one_server_hand_out_distinct_learner_addresses(tmp_path):
         assert second in LEARNER_RANGES and second != held, (held, second)
         with pytest.raises(RuntimeError, match="held by another hub on this server: stop one"):
             claim_network([held])  # (every range held: the hub refuses to start, saying so)
+        # Two classes with the same user prefix would share Unix users, homes and servers: refused.
+        claim_users(f"{TEST_PREFIX}2-")  # as the first hub
+        again = _load_config({**settings, "HUB_USER_PREFIX": f"{TEST_PREFIX}2-"}, show="c.LearnerSpawner.network")
+        assert again.returncode != 0 and f"another hub on this server makes its learners' users as {TEST_PREFIX}2-NAME" \
+            in again.stderr, again.stderr[-2000:]
+        other = _load_config({**settings, "HUB_USER_PREFIX": f"{TEST_PREFIX}3-"}, show="c.LearnerSpawner.network")
+        assert other.returncode == 0, other.stderr[-2000:]
     finally:
         release_networks()
     shutil.rmtree(tmp_path / "state")

@@ -2,7 +2,7 @@
 may log in, how fast a stranger may guess, and what the hub's ports answer.
 
 Starts the hub as an instructor would (every interface, HTTPS with a certificate made for the test,
-a roster and an admin), with its own state folder and users of its own (prefix ``hubtest.``; no
+a roster and an admin), with its own state folder and users of its own (prefix ``hubtest.d-``; no
 learner server is started, so no user is made). Then:
 
 * the hub handed out a password for every roster name and the admin, in HUB_STATE/logins.txt,
@@ -12,6 +12,8 @@ learner server is started, so no user is made). Then:
   how long to wait;
 * 50 wrong logins at once (their passwords hashed in a thread) slow the hub's API by at most 5x
   (median response time, against the same probe when idle);
+* a try counts under the address the hub's proxy saw: headers a client writes (X-Real-Ip,
+  X-Forwarded-For) do not make a locked-out address a new one;
 * every port the hub, its proxy and its services listen on either speaks HTTPS alone (the public
   one) or listens on 127.0.0.1 alone.
 
@@ -40,16 +42,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jupyter"))
 from hub_client import Hub, log_in, start_hub, stop_hub  # noqa: E402
 
 ROSTER = ["ada", "grace", "linus"]
+DOOR_PREFIX = f"{TEST_PREFIX}d-"  # a hub holds its prefix: this one may run beside tests/test_hub.py's
 FLOOD = 50
 
 
-def _login_form(url: str, cert: str):
-    """A browser at the login form (its _xsrf cookie set), ready to post."""
+def _login_form(url: str, cert: str, headers: dict | None = None):
+    """A browser at the login form (its _xsrf cookie set), ready to post; ``headers`` go with every request."""
     import requests
 
     browser = requests.Session()
     browser.trust_env = False
     browser.verify = cert
+    browser.headers.update(headers or {})
     browser.get(f"{url}/hub/login", timeout=60).raise_for_status()
     return browser
 
@@ -112,7 +116,7 @@ def hub(tmp_path):
     cert, key = _certificate(tmp_path)
     env = {"HUB_PORT": str(port), "HUB_STATE": str(state), "HUB_ROSTER": str(roster), "HUB_ADMIN": ADMIN,
            "HUB_SSL_CERT": str(cert), "HUB_SSL_KEY": str(key), "HUB_API_TOKEN": secrets.token_hex(32),
-           "HUB_HOMES": str(tmp_path / "homes"), "HUB_USER_PREFIX": TEST_PREFIX, "HUB_DOMAIN": DOMAIN}
+           "HUB_HOMES": str(tmp_path / "homes"), "HUB_USER_PREFIX": DOOR_PREFIX, "HUB_DOMAIN": DOMAIN}
     env.pop("HUB_IP", None)  # the default: every interface, as a class has it
     process = start_hub(env, tmp_path / "hub.log")
     url = f"https://{DOMAIN}:{port}"
@@ -196,6 +200,25 @@ def test_only_handed_out_passwords_log_in_and_guessing_does_not_stall_the_hub(hu
     assert codes.count(403) >= 10, codes  # the flood did make the hub hash passwords
     assert len(during) >= 4, during
     assert busy <= 5 * idle, f"median {busy * 1000:.1f} ms during the flood, {idle * 1000:.1f} ms idle"
+
+    # The flood locked this address out. A guesser who writes another address in the headers
+    # Tornado reads (X-Real-Ip, X-Forwarded-For) is still this address, and still refused.
+    for number, headers in enumerate([{"X-Real-Ip": "203.0.113.7"}, {"X-Forwarded-For": "198.51.100.9"},
+                                      {"X-Real-Ip": "203.0.113.8", "X-Forwarded-For": "198.51.100.10"}]):
+        spoofer = _login_form(url, cert, headers)
+        refused = _post_login(spoofer, url, f"spoofer{number}", secrets.token_urlsafe(12))
+        assert refused.status_code == 429, (headers, refused.status_code, refused.text[-1500:])
+
+
+def test_a_login_counts_under_the_address_the_proxy_appended():
+    from hub_logins import client_address
+
+    through_our_proxy = {"X-Forwarded-For": "203.0.113.7, 192.0.2.10"}  # a client's own entry, then the proxy's
+    assert client_address(through_our_proxy, "127.0.0.1") == "192.0.2.10"
+    assert client_address({}, "127.0.0.1") == "127.0.0.1"  # no proxy: the connection's own peer
+    behind_https_proxy = {"X-Forwarded-For": "203.0.113.7, 192.0.2.10, 127.0.0.1"}
+    assert client_address(behind_https_proxy, "127.0.0.1", proxies_in_front=1) == "192.0.2.10"
+    assert client_address({"X-Forwarded-For": "127.0.0.1"}, "127.0.0.1", proxies_in_front=1) == "127.0.0.1"
 
 
 def test_one_door_https_outside_loopback_inside(hub):

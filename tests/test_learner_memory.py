@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from optional import skip_or_fail
 
 from course_lib.confine.cgroups import cgroup_roots
 
@@ -23,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(900)
 def test_eight_notebooks_each_launching_four_ranks_fit_in_the_hubs_default_limit():
     if os.geteuid() != 0 or cgroup_roots() is None:
-        pytest.skip("needs root and a writable memory cgroup, to hold the kernels to the hub's limit")
+        skip_or_fail("needs root and a writable memory cgroup, to hold the kernels to the hub's limit",
+                     "COURSE_REQUIRE_HUB", "the eight-notebook memory test")
     command = [sys.executable, "scripts/bench_launch_servers.py", "--notebooks", "8", "--ranks", "4",
                "--limit", "4G", "--only", "shared"]
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=850)

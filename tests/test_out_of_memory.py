@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from optional import skip_or_fail
 
 from course_lib.confine.cgroups import Cgroups, cgroup_roots
 from course_lib.confine.out_of_memory import describe_limit, memory_limit, oom_kills
@@ -66,7 +67,8 @@ def test_the_limit_is_described_as_the_learner_sees_it(monkeypatch):
 def test_a_rank_out_of_memory_is_named_and_the_kernel_survives(tmp_path):
     roots = cgroup_roots() if os.geteuid() == 0 else None
     if roots is None:
-        pytest.skip("needs root and a writable memory cgroup, to hold the stand-in kernel to a limit")
+        skip_or_fail("needs root and a writable memory cgroup, to hold the stand-in kernel to a limit",
+                     "COURSE_REQUIRE_HUB", "the out-of-memory test")
     group = Cgroups(roots, f"course-oom-test-{uuid.uuid4().hex[:8]}", LIMIT, 4096)
     try:
         script = tmp_path / "kernel.py"

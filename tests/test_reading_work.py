@@ -18,6 +18,7 @@ import nbformat
 import pytest
 
 from browser import browser_page, missing_requirements
+from optional import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 MISSING = missing_requirements()
@@ -54,9 +55,9 @@ def scripts_that_ran(html: Path) -> list[str]:
         return page.evaluate("window.__learners_script_ran || []")
 
 
-@pytest.mark.skipif(MISSING is not None, reason=f"no browser here: {MISSING}")
 @pytest.mark.parametrize("sanitized", [True, False], ids=["as the guide says", "without --sanitize-html"])
 def test_a_learners_notebook_read_as_the_guide_says_runs_none_of_its_scripts(tmp_path, sanitized):
+    skip_or_fail(MISSING, "COURSE_REQUIRE_BROWSER", "the browser test of reading a learner's work")
     learner = tmp_path / "SUBMISSIONS" / "ada"
     learner.mkdir(parents=True)
     hostile_notebook(learner / "01_collectives.ipynb")
