@@ -57,11 +57,13 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	  if ! $(call PYTHON_OK,$(PYTHON)); then echo "make $(TOO_OLD)"; exit 1; fi; \
 	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "'$(PYTHON) -m venv' failed (Debian and Ubuntu: sudo apt \
 	  install python3-venv, or python3.X-venv for your version)"; exit 1; }; fi
-	@# Linux without an NVIDIA GPU: say what PyPI's default torch costs there, and how to choose the CPU wheels.
+	@# Linux without an NVIDIA GPU: say what PyPI's default torch costs there, and how to choose the CPU wheels;
+	@# at a terminal, wait 20 s before the download starts, so the advice is read before it scrolls away.
 	@if [ -z "$(TORCH_INDEX_URL)" ] && [ "$$(uname -s)" = Linux ] && [ ! -e /dev/nvidia0 ]; then \
 	  echo "No NVIDIA GPU here: PyPI's torch brings about 4 GB of CUDA libraries and triton that this machine will not use."; \
 	  echo "For PyTorch's CPU wheels (a few hundred MB), stop now (Ctrl-C), remove $(VENV) and run:"; \
-	  echo "  make $(or $(MAKECMDGOALS),setup) TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"; fi
+	  echo "  make $(or $(MAKECMDGOALS),setup) TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"; \
+	  if [ -t 0 ] && [ -t 1 ]; then echo "Going on with PyPI's torch in 20 s (Ctrl-C stops it)"; sleep 20; fi; fi
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
 	  $(PY) -m pip install -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
 	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[test,ft]"
