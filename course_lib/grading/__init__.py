@@ -6,8 +6,9 @@ takes back data only (``Learner``); ``sandbox`` confines each submission's worke
 and measures them from outside; ``verdicts`` is the pytest plugin through which the grader hears
 each check's outcome on a pipe no learner process holds; ``grader`` is the command line
 (``course-grade``, ``scripts/grade.py``), whose steps are ``merging``, ``running``, ``scoring`` and
-``reporting``; ``exercises`` derives exercises/ from solutions/. The names below are imported
-on first use, so the verdicts plugin's process never imports torch.
+``reporting``; ``exercises`` derives exercises/ from solutions/; ``chapter01`` ... ``chapter08`` hold
+what a chapter's exercise setup cell imports for its checks. The names below are imported on first
+use, so the verdicts plugin's process never imports torch.
 """
 
 from .._lazy import lazy_names
