@@ -137,20 +137,26 @@ def firewall_problem() -> str | None:
 # the same one: an abstract Unix socket named after the range, which the kernel lets go of when the
 # hub ends, however it ends (no file to leave behind).
 LEARNER_RANGES = [f"10.{second}" for second in range(213, 245)]
-_held_ranges: list[socket.socket] = []
+_held: list[socket.socket] = []  # the abstract sockets this hub holds (its address range, its user prefix)
+
+
+def _hold(name: str) -> bool:
+    """Hold the abstract Unix socket ``name`` until the hub ends; False if another process holds it."""
+    holder = socket.socket(socket.AF_UNIX)
+    try:
+        holder.bind(f"\0{name}")
+    except OSError:
+        holder.close()
+        return False
+    _held.append(holder)
+    return True
 
 
 def claim_network(ranges=LEARNER_RANGES) -> str:
     """The first range of learner addresses no other hub on this machine holds, held from now on."""
     for network in ranges:
-        holder = socket.socket(socket.AF_UNIX)
-        try:
-            holder.bind(f"\0course-hub-learners-{network}")
-        except OSError:
-            holder.close()
-            continue
-        _held_ranges.append(holder)
-        return network
+        if _hold(f"course-hub-learners-{network}"):
+            return network
     raise RuntimeError(f"every range of learner addresses ({ranges[0]}.*.* to {ranges[-1]}.*.*) is held by another "
                        "hub on this server: stop one of them first")
 
@@ -158,20 +164,16 @@ def claim_network(ranges=LEARNER_RANGES) -> str:
 def claim_users(prefix: str) -> None:
     """Hold this hub's user prefix while it runs. A second hub with the same prefix would make the
     same Unix users, and its learners would log in to the first class's homes and servers."""
-    holder = socket.socket(socket.AF_UNIX)
-    try:
-        holder.bind(f"\0course-hub-users-{prefix}")
-    except OSError:
-        holder.close()
+    if not _hold(f"course-hub-users-{prefix}"):
         raise RuntimeError(f"another hub on this server makes its learners' users as {prefix}NAME: a second class "
                            f"on the same server needs a prefix of its own (e.g. HUB_USER_PREFIX=class2-), or "
-                           f"its learners would be the first class's") from None
-    _held_ranges.append(holder)
+                           f"its learners would be the first class's")
 
 
 def release_networks() -> None:
-    while _held_ranges:
-        _held_ranges.pop().close()
+    """Let go of everything this hub holds (its address range and its user prefix)."""
+    while _held:
+        _held.pop().close()
 
 
 def make_network(namespace: str, host_link: str, host_ip: str, learner_ip: str) -> None:
