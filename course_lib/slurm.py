@@ -188,11 +188,26 @@ def submit(batch_text: str, *, timeout: float = 180, show_output: bool = True, w
     The job's workers save their results and output through course_lib's torchrun entry point;
     they are printed in rank order. After ``timeout`` seconds (or an interrupt) the job is cancelled.
     """
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="slurm-job-"))
+    made = [] if workdir else [Path(tempfile.mkdtemp(prefix="slurm-job-"))]
+    workdir = Path(workdir) if workdir else made[0]
     collect = Path(tempfile.mkdtemp(prefix="slurm-out-"))
+    private_tmp = collect / "tmp"  # the job's TMPDIR (sbatch passes the environment on): torchrun's log folders
+    private_tmp.mkdir()
+    try:
+        job_id, code, state, log, results, outputs = _run_job(batch_text, workdir, collect, timeout, {
+            **os.environ, "TMPDIR": str(private_tmp), **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(collect)})
+    finally:  # read by now, or the job failed: nothing of it stays on the machine
+        for folder in (collect, *made):
+            shutil.rmtree(folder, ignore_errors=True)
+    if show_output:
+        print_outputs(outputs)
+    return SlurmJob(job_id, code, state, log, results, outputs)
+
+
+def _run_job(batch_text, workdir: Path, collect: Path, timeout: float, run_env: dict):
+    """sbatch the job from ``workdir``, wait for it (cancel it when late or interrupted), read what it left."""
     batch = workdir / "job.sbatch"
     batch.write_text(batch_text)
-    run_env = {**os.environ, **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(collect)}
     submitted = subprocess.run(["sbatch", "--parsable", str(batch)], cwd=workdir, env=run_env,
                                capture_output=True, text=True, timeout=30)
     if submitted.returncode != 0:
@@ -213,6 +228,4 @@ def submit(batch_text: str, *, timeout: float = 180, show_output: bool = True, w
     logs = sorted(workdir.glob("slurm-*.out"))
     log = logs[0].read_text(errors="replace") if logs else ""
     results, outputs = _collect(collect, 0)
-    if show_output:
-        print_outputs(outputs)
-    return SlurmJob(job_id, code, state, log, results, outputs)
+    return job_id, code, state, log, results, outputs

@@ -201,8 +201,13 @@ def _failure_text(agents: list[Agent], outputs, shown: bool, tail: int = 15) -> 
 
 
 def _agent_env(env: dict[str, str | None] | None, folder: Path) -> dict[str, str]:
-    """The notebook's environment, ``env`` on top (None unsets), and its import path for the workers."""
-    run_env = {**os.environ, **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(folder)}
+    """The notebook's environment, ``env`` on top (None unsets), and its import path for the workers.
+
+    Their TMPDIR is a folder inside the run's, removed with it: torchrun makes a log folder there
+    (``torchelastic_...``) on every start and never removes it."""
+    private_tmp = folder / "tmp"
+    private_tmp.mkdir(exist_ok=True)
+    run_env = {**os.environ, "TMPDIR": str(private_tmp), **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(folder)}
     run_env = {key: value for key, value in run_env.items() if value is not None}
     run_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
         [os.getcwd(), *[p for p in sys.path if p], *run_env.get("PYTHONPATH", "").split(os.pathsep)]))
@@ -349,9 +354,18 @@ def command_line(options, script="train.py") -> str:
 
 def run_command(argv: list[str], timeout: float = 120, env: dict[str, str] | None = None,
                 cwd: str | Path | None = None) -> subprocess.CompletedProcess:
-    """Run a command (a launcher, a script) with a timeout; on timeout or interrupt stop it and its children."""
-    run_env = {**os.environ, **(env or {})}
-    run_env = {key: value for key, value in run_env.items() if value is not None}
+    """Run a command (a launcher, a script) with a timeout; on timeout or interrupt stop it and its children.
+
+    Its TMPDIR is a folder of its own, removed when it returns (torchrun and the legacy launcher leave a
+    log folder there on every start); ``env`` may set another, for a command whose work outlives it (sbatch).
+    """
+    with tempfile.TemporaryDirectory(prefix="course-command-", ignore_cleanup_errors=True) as private_tmp:
+        run_env = {**os.environ, "TMPDIR": private_tmp, **(env or {})}
+        run_env = {key: value for key, value in run_env.items() if value is not None}
+        return _run_with_timeout(argv, timeout, run_env, cwd)
+
+
+def _run_with_timeout(argv, timeout, run_env, cwd) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=cwd,
                             start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     try:

@@ -627,7 +627,8 @@ def test_the_same_function_runs_under_torchrun(tmp_path):
     script = write_torchrun_script(sum_of_ranks, tmp_path / "sum_of_ranks.py", args=(10,))
     torchrun = Path(sys.executable).with_name("torchrun")
     run = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                           env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun's log folder goes with the test's
     try:
         run.stdout_text, run.stderr = run.communicate(timeout=180)
     finally:

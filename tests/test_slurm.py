@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,11 +120,15 @@ def test_bad_arguments_say_what_is_wrong(tmp_path):
 
 
 @pytest.mark.parametrize("form", ["torchrun", "srun"])
-def test_a_two_node_job_forms_one_world(form, cluster, tmp_path):
+def test_a_two_node_job_forms_one_world(form, cluster, tmp_path, monkeypatch):
     script = write_torchrun_script(where_am_i, tmp_path / "where_am_i.py")
+    temporary = tmp_path / "tmp"  # where submit makes its folders: empty again once it returns
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     started = time.monotonic()
     job = slurm.submit(slurm.sbatch_script(script, 2, 2, form=form, join_timeout=30, time_limit="00:05:00"), timeout=240,
                        show_output=False, workdir=tmp_path)
+    assert list(temporary.iterdir()) == [], "the job's output folder and torchrun's log folders are removed"
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job.log
     assert [(r["RANK"], r["GROUP_RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["sum"]) for r in job.results] == [
         (0, 0, 0, 4, 4.0), (1, 0, 1, 4, 4.0), (2, 1, 0, 4, 4.0), (3, 1, 1, 4, 4.0)]
