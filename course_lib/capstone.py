@@ -22,6 +22,9 @@ The composition follows torchtitan's order: split the model into pipeline stages
 time; ``ParallelGPT`` composes the ones here for the exercises, and the chapter checks that both
 train bit for bit alike. Dropout is left out of the model so that every layout can be compared
 with one process to the last bits.
+
+``save_checkpoint`` and ``load_checkpoint`` (section 9) write a ``ParallelGPT``'s shards and its Adam
+state with ``torch.distributed.checkpoint`` under one layout and read them back under another.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["GPTConfig", "TEXT", "SYMBOLS", "encode", "decode", "training_batch", "make_gpt", "GPT",
            "cross_entropy", "stage_module", "tensor_parallel_plan", "tensor_parallelize", "fsdp_shard",
-           "pipeline_schedule", "place_gradients_like_parameters", "ParallelGPT", "AxisCount",
+           "pipeline_schedule", "place_gradients_like_parameters", "ParallelGPT", "checkpoint_options",
+           "checkpoint_state", "save_checkpoint", "load_checkpoint", "AxisCount",
            "gathered_parameters", "tp_local_parameters", "parameter_count", "communication_per_step",
            "wire_factor", "axis_bandwidths", "step_time_model"]
 
@@ -317,6 +321,59 @@ class ParallelGPT:
         place_gradients_like_parameters(self.parts)
         self.optimizer.step()
         return None if loss is None else loss.item()
+
+
+# Chapter 11, section 9: a checkpoint saved under one layout and loaded under another. DCP knows a
+# tensor by its name and cuts it by the global offsets each DTensor shard carries, so every layout
+# must give a parameter the same name: stage_module keeps the whole model's names (stage 1 of 2
+# holds blocks.2 and blocks.3, not a blocks.0 and blocks.1 of its own), and TP and FSDP2 rename
+# nothing. The optimizer's state goes by the same names.
+def checkpoint_options():
+    """How ``get_state_dict`` and ``set_state_dict`` shape the state: sharded (the default), and the
+    optimizer's hyperparameters stored per parameter name (``param_groups.<name>.lr``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    # By default the hyperparameters are one param_groups list that names its parameters: a different
+    # list on every stage, saved under one key, so that one stage's list would stand for all.
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def checkpoint_state(model: ParallelGPT) -> dict:
+    """This rank's ``{"model": ..., "optimizer": ...}`` as ``torch.distributed.checkpoint`` saves and
+    loads it: the rank's shards (DTensors under tp or dp) and Adam's state, keyed by names in the whole GPT.
+
+    On an optimizer that has not stepped yet, ``get_state_dict`` first creates the state (one step
+    with zero gradients at learning rate 0), so that there is something to load into."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    if len(model.parts) != 1:
+        raise ValueError(f"this rank holds {len(model.parts)} stages: get_state_dict names an optimizer's "
+                         "parameters through one module, and ParallelGPT's one optimizer spans them all")
+    model_state, optimizer_state = get_state_dict(model.parts[0], model.optimizer, options=checkpoint_options())
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def save_checkpoint(model: ParallelGPT, folder) -> None:
+    """Every rank writes the shards it holds into ``folder``, and rank 0 the ``.metadata`` that says
+    which slice of which named tensor is where. A collective: call it on every rank."""
+    import torch.distributed.checkpoint as dcp
+    dcp.save(checkpoint_state(model), checkpoint_id=folder)
+
+
+def load_checkpoint(model: ParallelGPT, folder, with_optimizer: bool = True) -> None:
+    """Fill this rank's shards, and Adam's state, from a checkpoint saved under any layout: each rank
+    reads the slices of the saved chunks that its own shards cover. A collective.
+
+    ``with_optimizer=False`` loads the weights only, leaving the optimizer as built (no state)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict, set_state_dict
+    if not with_optimizer:
+        state = {"model": get_model_state_dict(model.parts[0])}
+        dcp.load(state, checkpoint_id=folder)
+        set_model_state_dict(model.parts[0], state["model"])
+        return
+    state = checkpoint_state(model)
+    dcp.load(state, checkpoint_id=folder)          # in place, into the tensors state holds
+    set_state_dict(model.parts[0], model.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"], options=checkpoint_options())
 
 
 def gathered_parameters(modules) -> dict[str, torch.Tensor]:
