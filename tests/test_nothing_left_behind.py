@@ -95,27 +95,6 @@ def test_a_scratch_folder_goes_when_its_kernel_is_killed(tmp_path):
     assert not folder.exists() and kept(temporary) == []
 
 
-def test_a_graders_judge_leaves_no_socket_folder(tmp_path):
-    # A judge runs a launch server of its own, whose socket sits in a pymp-* folder, and is killed.
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
-    program = ("import time; from course_lib import launch\n"
-               "def one(): return 1\n"
-               "print(launch(one, world_size=2, show_output=False), flush=True); time.sleep(600)")
-    judge = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "TMPDIR": str(temporary), "COURSE_GRADING": "1"})
-    try:
-        assert judge.stdout.readline().strip() == "[1, 1]"
-        assert any(path.name.startswith("pymp-") for path in temporary.iterdir())  # else this test proves nothing
-    finally:
-        judge.kill()
-        judge.wait(timeout=20)
-    deadline = time.monotonic() + 30
-    while kept(temporary) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert kept(temporary) == []
-
-
 def test_the_check_sees_a_folder_left_behind(tmp_path):
     # The tests above would pass vacuously if TMPDIR did not reach the tools.
     program = """

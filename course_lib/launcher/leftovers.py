@@ -1,5 +1,5 @@
 """Folders removed once the process that made them has ended, however it ended (chapter 04's scratch
-folders; the launch server's socket folder when a grader's judge runs one of its own).
+folders).
 
 A process cannot remove its files on its way out when it is killed, and a Jupyter kernel cannot even
 when it is shut down politely: its shutdown runs no ``atexit`` function. So a small watcher process
@@ -21,7 +21,6 @@ _WATCHER = ("import shutil, sys\n"
             "    shutil.rmtree(folder, ignore_errors=True)\n")
 _watchers: dict[int, subprocess.Popen] = {}  # by the pid of the process whose folders it removes
 _lock = threading.Lock()
-_registered: set[str] = set()
 
 
 def remove_when_this_process_ends(folder) -> None:
@@ -30,17 +29,6 @@ def remove_when_this_process_ends(folder) -> None:
         watcher = _watcher()
         watcher.stdin.write(f"{os.fspath(folder)}\0")
         watcher.stdin.flush()
-
-
-def remove_multiprocessing_folder_at_end() -> None:
-    """The folder (pymp-*) where a launch server of this process's own has its socket: multiprocessing
-    removes it when this process exits normally, which a kernel that nbval or a grader stops never does."""
-    import multiprocessing as mp
-
-    folder = mp.current_process()._config.get("tempdir")
-    if folder and folder not in _registered:
-        _registered.add(folder)
-        remove_when_this_process_ends(folder)
 
 
 def _watcher() -> subprocess.Popen:

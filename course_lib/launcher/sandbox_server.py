@@ -13,7 +13,6 @@ import queue
 import threading
 
 from .errors import LaunchError
-from .leftovers import remove_multiprocessing_folder_at_end
 from .server import _SERVER_PRELOAD, _server_lock
 
 _starter: dict = {}  # the thread that starts sandboxes for launches made from other threads
@@ -56,7 +55,6 @@ def _start_server_inside(sandbox) -> None:
     finally:
         spawn.set_executable(plain)
     sandbox.started(server._forkserver_pid, server)
-    remove_multiprocessing_folder_at_end()  # where the server's socket is, outside the sandbox
 
 
 def _sandbox_ended(sandbox) -> LaunchError:

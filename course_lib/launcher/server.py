@@ -42,8 +42,6 @@ import os
 import sys
 import threading
 
-from .leftovers import remove_multiprocessing_folder_at_end
-
 # What the launch server imports once, so that its children start warm. torch._dynamo
 # is what DDP imports on first use: 2.5 s per worker on 2 cores if every worker pays it.
 _SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "course_lib.launcher"]
@@ -127,7 +125,6 @@ def _server_context():
         _server_variables = wanted
         _share_where_possible(server, wanted)
         server.ensure_running()
-        remove_multiprocessing_folder_at_end()
     return ctx
 
 
