@@ -179,8 +179,11 @@ def grader_cell_failure(run: RunResult, number: int, options) -> str | None:
     if why is None:
         return None
     outcome = run.outcomes.get(number, CellOutcome("missing"))
-    if number in run.replaced or "Timeout of" in outcome.message:
+    if "Timeout of" in outcome.message:
         return f"did not finish within the setup timeout ({options.setup_timeout:g} s)"
+    if number in run.replaced:  # nbval cannot tell a kernel that died in the cell from one that hung past it
+        return (f"did not finish: the grader's kernel died in it, or it ran past the setup timeout "
+                f"({options.setup_timeout:g} s) and could not be interrupted")
     if run.records.get(number, {}).get("ename"):
         record = run.records[number]
         return f"raised {record['ename']}: {record.get('evalue') or ''}".rstrip(": ")
