@@ -188,8 +188,8 @@ def submit(batch_text: str, *, timeout: float = 180, show_output: bool = True, w
     The job's workers save their results and output through course_lib's torchrun entry point;
     they are printed in rank order. After ``timeout`` seconds (or an interrupt) the job is cancelled.
     """
-    made = [] if workdir else [Path(tempfile.mkdtemp(prefix="slurm-job-"))]
-    workdir = Path(workdir) if workdir else made[0]
+    own_workdir = not workdir  # made here, so removed here
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="slurm-job-"))
     collect = Path(tempfile.mkdtemp(prefix="slurm-out-"))
     private_tmp = collect / "tmp"  # the job's TMPDIR (sbatch passes the environment on): torchrun's log folders
     private_tmp.mkdir()
@@ -197,8 +197,9 @@ def submit(batch_text: str, *, timeout: float = 180, show_output: bool = True, w
         job_id, code, state, log, results, outputs = _run_job(batch_text, workdir, collect, timeout, {
             **os.environ, "TMPDIR": str(private_tmp), **(env or {}), "COURSE_TORCHRUN_OUTPUT": str(collect)})
     finally:  # read by now, or the job failed: nothing of it stays on the machine
-        for folder in (collect, *made):
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(collect, ignore_errors=True)
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     if show_output:
         print_outputs(outputs)
     return SlurmJob(job_id, code, state, log, results, outputs)
