@@ -12,6 +12,7 @@ from ._lazy import lazy_names
 _WHERE = {
     **dict.fromkeys(["launch", "LaunchError", "WorkerError", "WorkerTimeout", "rank_device", "report_progress"],
                     ".launcher"),
+    "StatusLine": ".launcher.live",
     **dict.fromkeys(["CheckFailed", "checking", "expect", "expect_close", "expect_count", "expect_equal",
                      "run_until_clean"], ".grading.checks"),
 }

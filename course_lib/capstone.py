@@ -397,7 +397,7 @@ class AxisCount(TorchDispatchMode):
     of the tensor a rank hands to the op (for an all-gather its shard, for a reduce-scatter
     the full input, for a send the tensor sent)::
 
-        with AxisCount(mesh) as counted:
+        with AxisCount(mesh) as counted:     # AxisCount(mesh, also={"dp_cp": flat}) names a flattened submesh too
             model.train_step(x, y)
         counted.ops      # Counter: (axis, op) -> times;  counted.bytes: (axis, op) -> payload bytes
         counted.spans    # (axis, op, start, end) in time.perf_counter() seconds, waits included
@@ -408,9 +408,11 @@ class AxisCount(TorchDispatchMode):
 
     SKIP = {"wait_tensor", "_wrap_tensor_autograd", "barrier", "monitored_barrier"}
 
-    def __init__(self, mesh):
+    def __init__(self, mesh, also=None):
         super().__init__()
         self.axis_of = {mesh[a].get_group().group_name: a for a in mesh.mesh_dim_names}
+        for name, submesh in (also or {}).items():   # e.g. {"dp_cp": a flattened ("dp", "cp") submesh}
+            self.axis_of[submesh.get_group().group_name] = name
         self.ops, self.bytes = Counter(), Counter()
         self.spans: list[tuple[str, str, float, float]] = []
 

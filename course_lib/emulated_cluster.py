@@ -1,6 +1,6 @@
 """A cluster on one machine: ranks grouped into emulated nodes, the links between nodes shaped.
 
-Introduced in chapter 13. ``EmulatedCluster(nodes=2, ranks_per_node=2, rate_mbit=200)`` makes one
+Introduced in chapter 13 (chapter 05 runs its hierarchical all-reduces on it, chapter 10 its slow link). ``EmulatedCluster(nodes=2, ranks_per_node=2, rate_mbit=200)`` makes one
 network namespace per node (course_lib.confine.emulated_network draws the picture): ranks of one node
 talk over that node's loopback at full speed, ranks of different nodes over veth pairs and a bridge,
 each link's sending side limited by the kernel's traffic control (an ``htb`` queue), and delayed by ``netem``

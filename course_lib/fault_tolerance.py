@@ -233,14 +233,27 @@ def _read_mark(folder, name):
 
 
 def _waiting_at(lighthouse: str) -> int:
-    """How many replica groups wait at the lighthouse for a quorum (read from its status page)."""
+    """How many replica groups wait at the lighthouse for a quorum (read from its status page: "not
+    ready, only have N participants", or "valid quorum with N participants, waiting for stragglers")."""
     import re
     import urllib.request
 
     port = lighthouse.rsplit(":", 1)[1]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as page:
-        found = re.search(r"only have (\d+) participants", page.read().decode())
+        found = re.search(r"(?:only have|Valid quorum with) (\d+) participants", page.read().decode())
     return int(found.group(1)) if found else 0
+
+
+def _came_back(folder, lighthouse, replica) -> bool:
+    """Whether the returning process of ``replica`` waits at the lighthouse for its first quorum. The
+    first replica to see it says so in a mark for the others: once a second replica asks too, the page
+    reads differently, and a replica kept off the CPU meanwhile would wait for a sight that has passed."""
+    if _read_mark(folder, f"back.{replica}") is not None:
+        return True
+    if _read_mark(folder, f"ready.{replica}.1") is None or _waiting_at(lighthouse) == 0:
+        return False
+    _mark(folder, f"back.{replica}")
+    return True
 
 
 def _wait_for(condition, deadline, what):
@@ -331,8 +344,7 @@ def _replica_slot(train, replicas, steps, folder, kill, timeout, lighthouse_opti
                             # Not the last step before the returning process waits at the lighthouse, so that
                             # it rejoins before the end: a quorum of the same members as the last one forms
                             # at once ("fast quorum"), without a newcomer whose request is not in yet.
-                            _wait_for(lambda: _read_mark(folder, f"ready.{kill['replica']}.1") is not None
-                                      and _waiting_at(lighthouse) > 0,
+                            _wait_for(lambda: _came_back(folder, lighthouse, kill["replica"]),
                                       deadline, f"replica {kill['replica']} to come back")
                         go_send.send(True)
             finally:
@@ -362,7 +374,7 @@ def _replica_slot(train, replicas, steps, folder, kill, timeout, lighthouse_opti
 
 
 def run_replica_groups(train, replicas: int, steps: int, *, kill: dict | None = None, timeout: float = 120,
-                       join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 2000):
+                       join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000):
     """Run ``train`` as ``replicas`` torchft replica groups around one lighthouse; return what each did.
 
     ``train(replica_id, lighthouse_address, steps, report)`` trains one replica group (one process
@@ -374,6 +386,11 @@ def run_replica_groups(train, replicas: int, steps: int, *, kill: dict | None = 
     reports step s (before it starts another), and starts a fresh one when every other replica has reported
     step s + d; the others do not start their last step before that process waits at the lighthouse for
     its first quorum, so it rejoins before the end, however slowly it starts.
+    The lighthouse's timeouts are torchft's own defaults: a quorum forms once every replica that still
+    heartbeats has asked (a dead one stops counting ``heartbeat_timeout_ms`` after its last heartbeat),
+    or ``join_timeout_ms`` after the first asked. With a 1 s join timeout and 2 s heartbeats, a machine
+    busy enough to keep one replica off the CPU for a second let a quorum form without it (the returning
+    replica and one other), and the third then waited to the end of the run for a newcomer already gone.
     Returns (per replica, the list of its processes' {"records", "ended", "exitcode", "stderr"};
     the lighthouse's {"address", "quorum_changes", "log_lines"}). Every process has ended when it returns, also after an error.
     """
@@ -387,7 +404,7 @@ def run_replica_groups(train, replicas: int, steps: int, *, kill: dict | None = 
     try:
         results = launch(_replica_slot, replicas + 1,
                          args=(train, replicas, steps, folder, kill, timeout, options),
-                         init_process_group=False, show_output=False, live=False, timeout=timeout + 30)
+                         init_process_group=False, show_output=False, timeout=timeout + 30)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return results[:replicas], results[replicas]

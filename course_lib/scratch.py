@@ -1,4 +1,4 @@
-"""A chapter's scratch folder, removed once the kernel that made it has ended (chapter 04; used by 10).
+"""A chapter's scratch folder, removed once the kernel that made it has ended (chapter 04; used by 08 and 10).
 
 ``tempfile.mkdtemp`` leaves its folder behind for good: run a chapter ten times and the machine's
 temporary folder holds ten copies of its scripts, traces and job files. A kernel cannot remove them on

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .launcher.live import StatusLine
 from .torchrun import _collect, print_outputs
 
 FREE_PORT = ("$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); "
@@ -216,13 +217,15 @@ def _run_job(batch_text, workdir: Path, collect: Path, timeout: float, run_env: 
     job_id = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + timeout
     try:
-        while True:  # sbatch --wait polls with a growing interval; ask every half second instead
-            state, code = _job_info(job_id)
-            if state in FINISHED:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} did not finish within {timeout} s (state {state}); cancelled it")
-            time.sleep(0.5)
+        with StatusLine(f"Slurm job {job_id}") as status:
+            while True:  # sbatch --wait polls with a growing interval; ask every half second instead
+                state, code = _job_info(job_id)
+                if state in FINISHED:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"job {job_id} did not finish within {timeout} s (state {state}); cancelled it")
+                status.show(state.lower())
+                time.sleep(0.5)
     except BaseException:
         subprocess.run(["scancel", job_id], timeout=10)
         raise

@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from .launcher.live import StatusLine
 from .torchrun_script import write_torchrun_script
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # what the `torchrun` command runs
@@ -233,6 +234,7 @@ def run_agents(script: str | Path, agent_options: list[list[str]], *, script_arg
               for i, options in enumerate(agent_options)]
     deadline = time.monotonic() + timeout
     finished = False
+    status = StatusLine(f"torchrun: {len(agents)} agent{'s' if len(agents) > 1 else ''}")
     try:
         for index, agent in enumerate(agents):
             if index and stagger_s:
@@ -248,9 +250,11 @@ def run_agents(script: str | Path, agent_options: list[list[str]], *, script_arg
                 raise TorchrunTimeout(f"torchrun did not finish within {timeout} s; every agent and worker "
                                       "was stopped", [a.process.returncode for a in agents],
                                       [a.text() for a in agents])
+            status.show(f"{sum(agent.poll() is None for agent in agents)} running")
             time.sleep(0.05)
         finished = True
     finally:
+        status.close()
         _stop(agents, folder)  # also on an exception or KeyboardInterrupt
         results, outputs = _collect(folder, 0)
         _clean_up(agents, folder)  # everything needed has been read
@@ -307,7 +311,13 @@ class Nodes:
 
     def wait_until(self, condition, what: str, poll_s: float = 0.05) -> None:
         """Poll ``condition()`` until it is true; past the block's deadline raise ``TorchrunTimeout``."""
+        with StatusLine(f"waiting for {what}") as status:
+            self._poll(condition, what, poll_s, status)
+
+    def _poll(self, condition, what, poll_s, status) -> None:
         while not condition():
+            status.show(", ".join(f"node {name} {'running' if code is None else f'exited {code}'}"
+                                  for name, code in self.returncodes().items()))
             if time.monotonic() > self.deadline:
                 logs = [agent.text() for agent in self.agents.values()]
                 tails = "\n".join(f"--- node {name}, last lines of its log:\n"
@@ -368,8 +378,17 @@ def run_command(argv: list[str], timeout: float = 120, env: dict[str, str] | Non
 def _run_with_timeout(argv, timeout, run_env, cwd) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=cwd,
                             start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    deadline = time.monotonic() + timeout
     try:
-        out, err = proc.communicate(timeout=timeout)
+        with StatusLine(f"{Path(argv[0]).name} is running") as status:
+            while True:  # communicate may be called again after a TimeoutExpired: nothing is lost
+                try:
+                    out, err = proc.communicate(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        raise subprocess.TimeoutExpired(argv, timeout) from None
+                    status.show()
     except BaseException:
         with contextlib.suppress(psutil.Error):
             family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]

@@ -59,7 +59,8 @@ def one_learner(notebook: str, folder: str, queue) -> None:
     # The kernel talks to its client over local (IPC) sockets, as in the course's hub: with TCP,
     # the ports a kernel is given are free when chosen but can be taken by another learner's
     # ranks before the kernel binds them, and that kernel never starts.
-    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(folder) / "kernel"))
+    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(folder) / "kernel"),
+                           connection_file=str(Path(folder) / "kernel.json"))  # not a file of its own in /tmp
     # Each learner of a class is a user of their own, with a launch server of their own (one user's kernels
     # share one: course_lib/launcher/shared_server.py); here all run as one user, so each gets a runtime
     # folder of its own (short: a socket's path has at most 107 bytes).

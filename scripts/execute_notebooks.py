@@ -50,9 +50,37 @@ def record(measurements: Path, notebook: Path, **figures) -> None:
     measurements.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
 
 
-def record_run_time(path: Path, seconds: float, load: float | None) -> None:
+def record_run_time(path: Path, seconds: float, load: float | None, silence: tuple[float, int]) -> None:
     load_at_start = None if load is None else round(load, 1)
-    record(RUN_TIMES, path, seconds=round(seconds, 1), **{"load average at start": load_at_start})
+    longest_s, at_cell = silence
+    record(RUN_TIMES, path, seconds=round(seconds, 1), **{"load average at start": load_at_start,
+                                                          "longest silence s": round(longest_s, 1),
+                                                          "longest silence at cell": at_cell})
+
+
+# What a learner sees a cell do: it starts, prints, draws or updates a display (a progress bar, a
+# launch's live view, a widget), ends. The longest gap between two of these is the longest the learner
+# watched a cell with nothing happening (tests/test_notebook_conventions.py bounds it).
+SHOWN = {"stream", "display_data", "update_display_data", "execute_result", "error", "comm_msg"}
+
+
+class SilenceTimer(NotebookClient):
+    """A NotebookClient that notes, per cell, when the kernel sent each thing a learner sees."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shown_at: dict[int, list] = {}
+
+    def process_message(self, msg, cell, cell_index):
+        if msg["msg_type"] in SHOWN or msg["msg_type"] == "status":  # status: the cell's start and end
+            self.shown_at.setdefault(cell_index, []).append(msg["header"]["date"])
+        return super().process_message(msg, cell, cell_index)
+
+    def longest_silence(self) -> tuple[float, int]:
+        """(seconds, cell index) of the longest time any cell showed nothing new."""
+        gaps = [((later - earlier).total_seconds(), index) for index, times in self.shown_at.items()
+                for earlier, later in zip(times, times[1:])]
+        return max(gaps, default=(0.0, -1))
 
 
 def notebooks_in(paths: list[str]) -> list[Path]:
@@ -63,19 +91,22 @@ def notebooks_in(paths: list[str]) -> list[Path]:
 
 
 def run(path: Path, timeout: int = 600):
-    """The notebook at ``path``, executed top to bottom in a fresh kernel in its own folder."""
+    """The notebook at ``path``, executed top to bottom in a fresh kernel in its own folder, and its
+    longest silence (seconds, cell index)."""
     notebook = nbformat.read(path, as_version=4)
     for cell in notebook.cells:
         cell.metadata.pop("execution", None)  # wall-clock stamps: noise in every diff
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    return notebook
+    client = SilenceTimer(notebook, timeout=timeout, kernel_name="python3", record_timing=False,
+                          resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    return notebook, client.longest_silence()
 
 
-def execute(path: Path, timeout: int = 600) -> float:
+def execute(path: Path, timeout: int = 600) -> tuple[float, tuple[float, int]]:
     started = time.perf_counter()
-    nbformat.write(run(path, timeout), path)
-    return time.perf_counter() - started
+    notebook, silence = run(path, timeout)
+    nbformat.write(notebook, path)
+    return time.perf_counter() - started, silence
 
 
 def wait_until_idle(wait_s: float = IDLE_WAIT_S) -> str | None:
@@ -119,11 +150,12 @@ def main(argv: list[str]) -> int:
             print(f"{path}: not executed: {busy}", file=sys.stderr)
             return 1
         load = load_average()
-        seconds = execute(path)
+        seconds, silence = execute(path)
         if path.resolve().is_relative_to(REPO):
-            record_run_time(path, seconds, load)
+            record_run_time(path, seconds, load, silence)
         print(f"{path}: executed in {seconds:.1f} s (load average "
-              f"{'unknown' if load is None else f'{load:.1f}'} when it started)")
+              f"{'unknown' if load is None else f'{load:.1f}'} when it started); longest silence "
+              f"{silence[0]:.1f} s, in cell {silence[1]}")
     return 0
 
 

@@ -444,6 +444,12 @@ def _check_counts_differ(cells: list[dict], stored: "StoredFacts") -> list[int]:
             if m is not None and n != m]
 
 
+def _head_and_tail(text: str, head: int = 300, tail: int = 900) -> str:
+    """A long error's start (where it was raised) and end (what it says: a traceback's last line is the
+    exception's message), never only the start."""
+    return text if len(text) <= head + tail else f"{text[:head]} [...] {text[-tail:]}"
+
+
 def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
     numbers = [int(re.sub(r"\D", "", c["prompt"]) or 0) for c in cells]
     if len(cells) != stored.code_cells:
@@ -465,7 +471,7 @@ def _inspect(run: BrowserRun, cells: list[dict], stored: StoredFacts) -> None:
     if stderr_cells:
         # What was written, not only where: stderr that shows once in many runs (a process of an earlier cell
         # ending late, say) has to be read from the report of the run that saw it.
-        said = "".join(f"\n  code cell {i}: {cells[i]['stderrText'].strip()[:400]!r}" for i in stderr_cells)
+        said = "".join(f"\n  code cell {i}: {_head_and_tail(cells[i]['stderrText'].strip())!r}" for i in stderr_cells)
         run.problems.append(f"stderr or error output in code cells {stderr_cells}:{said}")
     images = [ok for c in cells for ok in c["images"]]
     if len(images) != stored.images or not all(images):

@@ -17,6 +17,7 @@ cgroups: its process limit is RLIMIT_NPROC, its memory limit the judge's watchdo
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def open_the_way(paths: list[Path]) -> None:
     its children on the way to ``paths``, bound from the real ones."""
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
     for directory in blocked_directories(paths):
-        stash = Path(tempfile.mkdtemp(prefix="ordinary-user-stash-"))
+        stash = Path(tempfile.mkdtemp(dir=os.environ["COURSE_ORDINARY_USER_STASHES"]))
         subprocess.run(["mount", "--bind", str(directory), str(stash)], check=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", str(directory)], check=True)
         children = {path.relative_to(directory).parts[0] for path in paths
@@ -73,7 +74,14 @@ def main(argv: list[str]) -> int:
                          "as an ordinary user, run the command itself")
     if os.environ.get("COURSE_ORDINARY_USER_NAMESPACE") != "1":  # first, a mount namespace of our own
         os.environ["COURSE_ORDINARY_USER_NAMESPACE"] = "1"
-        os.execvp("unshare", ["unshare", "--mount", sys.executable, __file__, *argv])
+        # The stashes (mount points of the namespace) are folders of the real /tmp: made in one this
+        # process removes when the command has ended, with the namespace and its mounts.
+        stashes = tempfile.mkdtemp(prefix="ordinary-user-stashes-")
+        os.environ["COURSE_ORDINARY_USER_STASHES"] = stashes
+        try:
+            return subprocess.run(["unshare", "--mount", sys.executable, __file__, *argv]).returncode
+        finally:
+            shutil.rmtree(stashes, ignore_errors=True)
     open_the_way(needed_paths())
     become_nobody()
     unreadable = [p for p in needed_paths() if not os.access(p, os.R_OK | os.X_OK)]

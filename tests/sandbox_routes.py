@@ -5,11 +5,13 @@ learner side inside a sandbox, and prints one JSON line per route with what happ
 route is code a submission could put in an answer cell; the judge's replies are the facts.
 """
 
+import atexit
 import ctypes
 import json
 import multiprocessing
 import os
 import platform
+import shutil
 import socket
 import struct
 import sys
@@ -47,6 +49,7 @@ listener.listen()
 HOST_PORT = listener.getsockname()[1]
 SOLUTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solutions")
 secret_dir = tempfile.mkdtemp(prefix="classmate-")
+atexit.register(shutil.rmtree, secret_dir, True)
 with open(os.path.join(secret_dir, "answer.ipynb"), "w") as f:
     f.write("a classmate's notebook")
 

@@ -241,11 +241,15 @@ def test_a_notebook_executed_and_stored(tmp_path):
     course = scratch_course(tmp_path, "scripts/execute_notebooks.py", "scripts/notebook_memory.py", "course_lib", "docs")
     (course / "notebooks").mkdir()
     lesson = course / "notebooks" / "NN_x.ipynb"
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]), lesson)
+    cells = ["print(6 * 7)", "import time\nprint('waiting', flush=True)\ntime.sleep(1.5)\nprint('done')"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(text) for text in cells]), lesson)
     run = run_as_written(".venv/bin/python scripts/execute_notebooks.py notebooks/NN_x.ipynb --allow-busy", course)
     assert run.returncode == 0, run.stdout + run.stderr
     assert nbformat.read(lesson, 4).cells[0].outputs[0]["text"] == "42\n"
-    assert "notebooks/NN_x.ipynb" in json.loads((course / "docs" / "run_times.json").read_text())
+    recorded = json.loads((course / "docs" / "run_times.json").read_text())["notebooks/NN_x.ipynb"]
+    # the longest time nothing new showed: the second cell's sleep, between its two lines
+    assert recorded["longest silence at cell"] == 1, recorded
+    assert 1.5 <= recorded["longest silence s"] < 4, recorded
 
 
 def test_a_notebooks_memory_measured(tmp_path):

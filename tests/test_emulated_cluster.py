@@ -1,6 +1,6 @@
 """course_lib.emulated_cluster (chapter 13): nodes as network namespaces, links shaped by the kernel.
 
-What must hold: a link runs at its set rate (within 15%) while ranks of one node are not slowed by it;
+What must hold: a link runs at its set rate (within 15%, the fastest of three transfers) while ranks of one node are not slowed by it;
 nothing (process, namespace, veth, queue) outlives a cluster, whether its launch succeeded or failed, or
 its kernel was killed; an ordinary user can make one; bad input gets a clear error.
 """
@@ -35,16 +35,21 @@ def _rate_and_loopback(size_bytes):
     rank, tensor = dist.get_rank(), torch.ones(size_bytes // 4)
     out = {}
     for peer in (2, 1):  # rank 2: the other node; rank 1: the same node
-        dist.barrier()
-        before = node_bytes_sent()
-        start = time.perf_counter()
-        if rank == 0:
-            dist.send(tensor, peer)
-            dist.recv(torch.empty(1), peer)
-        elif rank == peer:
-            dist.recv(tensor, 0)
-            dist.send(torch.ones(1), 0)
-        out[peer] = (time.perf_counter() - start, node_bytes_sent() - before)
+        # The link caps the rate; a busy machine can only lower what a transfer shows (a rank not
+        # scheduled in time stalls the stream), so the fastest of three transfers measures the link.
+        tries = []
+        for _ in range(3):
+            dist.barrier()
+            before = node_bytes_sent()
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(tensor, peer)
+                dist.recv(torch.empty(1), peer)
+            elif rank == peer:
+                dist.recv(tensor, 0)
+                dist.send(torch.ones(1), 0)
+            tries.append((time.perf_counter() - start, node_bytes_sent() - before))
+        out[peer] = min(tries)
     return out
 
 

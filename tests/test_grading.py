@@ -11,8 +11,10 @@ import copy
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -190,14 +192,22 @@ def make_class(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def graders_temporary_folder():
+    """grade.py's TMPDIR: short (a socket's path below it holds at most 107 bytes), and checked empty after."""
+    folder = Path(tempfile.mkdtemp())
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, graders_temporary_folder):
     folder = tmp_path_factory.mktemp("submissions")
     make_class(folder)
     exercises = tmp_path_factory.mktemp("exercises")
     for name in (COLLECTIVES, BASICS):
         nbformat.write(exercise(name), exercises / name)
     token = uuid.uuid4().hex
-    env = dict(os.environ, COURSE_GRADING_TEST_TOKEN=token)
+    env = dict(os.environ, COURSE_GRADING_TEST_TOKEN=token, TMPDIR=str(graders_temporary_folder))
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--solutions", str(FIXTURES),
@@ -313,6 +323,15 @@ def test_no_process_left_behind(graded):
         except (psutil.Error, OSError):
             continue
     assert left == []
+
+
+def test_no_file_left_in_the_temporary_folder(graded, graders_temporary_folder):
+    # Judges' kernels are killed when their run ends; what they made there (a launch server's socket
+    # folder, the sandboxes' folders) goes with the folder the grader gave each run.
+    from test_nothing_left_behind import kept
+
+    left = kept(graders_temporary_folder)
+    assert left == [], f"grade.py left {left} in its TMPDIR"
 
 
 def test_links_and_pipes_in_a_submission_are_refused_never_followed(graded):

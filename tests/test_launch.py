@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -585,7 +586,9 @@ def start_parent(tmp_path):
     script.write_text(PARENT_SCRIPT)
     folder = tmp_path / "pids"
     folder.mkdir()
-    parent = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True)
+    (tmp_path / "tmp").mkdir()
+    parent = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     assert wait_until(lambda: len(read_pids(folder)) == 3, timeout=60), "workers did not start"
     return parent, read_pids(folder)
 
@@ -605,12 +608,22 @@ def test_keyboard_interrupt_stops_every_worker(tmp_path):
     assert parent.wait(timeout=120) == 7
 
 
-def test_workers_die_with_their_parent(tmp_path):
+def test_workers_die_with_their_parent_and_the_next_launch_removes_its_folder(tmp_path, monkeypatch):
+    from course_lib.launcher import output
+
     parent, pids = start_parent(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the parent's launch has its folder
+    folders = list((tmp_path / "tmp").glob("course_launch_*"))
+    assert len(folders) == 1, folders
+    output._remove_abandoned_folders()  # as the next launch does first: a folder in use stays
+    assert folders[0].is_dir()
     parent.kill()  # SIGKILL: no chance to clean up
     parent.wait(timeout=20)
     # Within a second on an idle machine; 60 s only guards against workers that never stop.
     assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=60)
+    assert folders[0].is_dir()  # what a kernel killed mid-launch leaves
+    output._remove_abandoned_folders()
+    assert not folders[0].exists()
 
 
 # ---------------------------------------------------------------- the same function under torchrun

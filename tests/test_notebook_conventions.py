@@ -115,3 +115,33 @@ def test_the_before_and_after_rules_catch_what_they_are_for(tmp_path):
     path.write_text(json.dumps(notebook))
     assert timings_without_their_after_line(path) == [0]
     assert timings_on_busy_cores(path) == [(1, 1.0, 2), (2, 1.4, 2)]
+
+
+# A learner watching a cell that shows nothing for longer than this wonders whether it hangs: a
+# longer step prints a line per stage, draws a progress bar, or runs in a launch (whose live view
+# shows the ranks' latest lines). scripts/execute_notebooks.py measures each notebook's longest
+# silence, on an idle machine, every time it stores the notebook's outputs.
+SILENT_AT_MOST_S = 5.0
+RUN_TIMES = REPO / "docs" / "run_times.json"
+EXECUTED = LESSONS + sorted((REPO / "solutions").glob("*.ipynb"))
+
+
+def silences_too_long(run_times: dict) -> dict[str, tuple[float, int]]:
+    return {name: (entry["longest silence s"], entry["longest silence at cell"]) for name, entry in run_times.items()
+            if entry["longest silence s"] > SILENT_AT_MOST_S}
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_no_cell_is_silent_for_more_than_five_seconds(path):
+    entry = json.loads(RUN_TIMES.read_text()).get(path.relative_to(REPO).as_posix(), {})
+    assert "longest silence s" in entry, (f"{path.name}: no measured silence in docs/run_times.json; store it with "
+                                          "`.venv/bin/python scripts/execute_notebooks.py` on an idle machine")
+    assert not silences_too_long({path.name: entry}), (
+        f"{path.name}: cell {entry['longest silence at cell']} showed nothing for {entry['longest silence s']} s "
+        f"(at most {SILENT_AT_MOST_S:g}): print a line per stage or show progress, then store the notebook again")
+
+
+def test_the_silence_rule_catches_a_silent_cell():
+    entries = {"quiet.ipynb": {"longest silence s": 5.1, "longest silence at cell": 7},
+               "talks.ipynb": {"longest silence s": 5.0, "longest silence at cell": 3}}
+    assert silences_too_long(entries) == {"quiet.ipynb": (5.1, 7)}

@@ -245,3 +245,36 @@ def test_a_quick_runs_bars_still_show_long_enough_to_see(progress_kernel):
     assert sorted(seen["bars"]) == ["rank 0", "rank 1"], seen["bars"]
     assert seen.get("shown_s", 0) >= launcher._BARS_SHOWN_AT_LEAST_S, seen
     assert seen["last_update"] == {"text/plain": ""}
+
+
+TORCHRUN_CELL = """\
+import time
+from course_lib.torchrun import run_torchrun
+
+def slow_rank():
+    time.sleep(2)
+    return 1
+
+print(run_torchrun(slow_rank, nproc_per_node=1, show_output=False))
+"""
+
+
+def test_a_torchrun_cell_is_never_silent_and_keeps_only_its_transcript(progress_kernel):
+    # torchrun's agents are not the launcher's ranks: a status line shows they run, then is emptied.
+    msg_id = progress_kernel.execute(TORCHRUN_CELL)
+    shown, streams, last = [], [], None
+    while True:
+        message = progress_kernel.get_iopub_msg(timeout=120)
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = message["msg_type"], message["content"]
+        if kind == "update_display_data":
+            last = content["data"]["text/plain"]
+            shown.append(last)
+        elif kind == "stream":
+            streams.append(content["text"])
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    assert any(re.fullmatch(r"torchrun: 1 agent, \d+ s: 1 running \.\.\.", text) for text in shown), shown
+    assert last == ""  # the stored output holds only what the cell printed
+    assert "".join(streams) == "[1]\n"

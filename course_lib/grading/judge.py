@@ -303,7 +303,7 @@ class Learner:
                            for rank in range(world_size)]
         results, measured = launcher._launch(
             fn, world_size, args, kwargs, timeout=timeout, backend="auto", init_process_group=init_process_group,
-            start_method=None, threads=None, show_output=show_output, live=False,
+            start_method=None, threads=None, show_output=show_output, live=True,
             startup_timeout=startup_timeout, judged=judged)
         return (results, measured) if measure else results
 
@@ -387,7 +387,7 @@ def _judge_side_run(fn, rank_args: list[tuple], counts_bytes: bool, timeout: flo
     judged.payloads = [launcher._serialise_call(fn, args, {}) for args in rank_args]
     _, measured = launcher._launch(
         fn, len(rank_args), (), {}, timeout=timeout, backend="auto", init_process_group=True, start_method=None,
-        threads=None, show_output=False, live=False, startup_timeout=60, judged=judged)
+        threads=None, show_output=False, live=True, startup_timeout=60, judged=judged)
     return measured
 
 

@@ -15,8 +15,10 @@ import json
 import os
 import re
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -233,8 +235,15 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options, own_cells:
         rundir = workdir / f"run{attempt}"
         rundir.mkdir()
         nb_path, sources = write_attempt(merged, replaced, rundir, options.secret)
-        in_time, verdict_lines = run_pytest(pytest_command(rundir, nb_path, options, own_cells), rundir,
-                                            judge_env(rundir, options), rundir / "pytest.log", time_limit)
+        # The judge's temporary files (its launch server's socket folder, the sandboxes' folders) in a
+        # folder of its own, removed when the run ends: nbval kills the kernel, which cannot clean up.
+        judge_tmp = tempfile.mkdtemp(prefix="judge-")  # short: a socket path holds at most 107 bytes
+        try:
+            in_time, verdict_lines = run_pytest(pytest_command(rundir, nb_path, options, own_cells), rundir,
+                                                dict(judge_env(rundir, options), TMPDIR=judge_tmp),
+                                                rundir / "pytest.log", time_limit)
+        finally:
+            shutil.rmtree(judge_tmp, ignore_errors=True)
         outcomes = read_verdicts(verdict_lines)
         records = read_records(rundir / "records.jsonl", sources, options.secret)
         if not in_time:

@@ -21,13 +21,12 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 import warnings
 
 from .devices import _placement_line, choose_backend, threads_per_rank
 from .live import _LiveView
-from .output import _Drain, _print_transcript, _rank_paths, _remove_rank_files
+from .output import _Drain, _launch_folder, _print_transcript, _rank_paths, _remove_rank_files
 from .protocol import _InheritedFd, _Judged, _serialise_call, _WorkerSpec
 from .sandbox_server import _sandbox_context
 from .server import _choose_start_method, _server_context, _without_main_module_import
@@ -62,7 +61,8 @@ def launch(
         $COURSE_START_METHOD); or force "forkserver", "spawn" or "fork".
     threads: intra-op threads per rank (default: the cores divided by world_size).
     show_output: print each rank's output, in rank order, when the launch ends.
-    live: in a notebook, show the ranks' progress while they run.
+    live: in a notebook, show the ranks' progress while they run (with ``show_output=False``, how long they
+        have run and their progress bars, not their lines).
 
     Raises WorkerError when a rank raises or dies (the other ranks are stopped at
     once; when the first error is a lost connection, up to a second later, blaming the
@@ -95,13 +95,13 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         payloads = [_serialise_call(fn, args, kwargs)] * world_size
     sandbox = judged.sandbox if judged is not None else None
     ctx = _start_context(method, sandbox)
-    workdir = tempfile.mkdtemp(prefix="course_launch_")
+    workdir, held = _launch_folder(judged=judged is not None)
     if judged is not None and judged.run_as is not None:
         _make_learner_home(judged, workdir)
     paths = _rank_paths(workdir, world_size)
     port_holder = _reserve_port()  # 30 learners launching at once on one server never collide
     ranks = _Ranks(ctx, judged)
-    live_view = _LiveView(live and show_output, world_size)
+    live_view = _LiveView(live, world_size, show_lines=show_output)  # quiet ranks still show they are running
     loopback_before = sandbox.loopback_bytes() if sandbox is not None else None
     succeeded = False
     try:
@@ -123,7 +123,7 @@ def _launch(fn, world_size, args, kwargs, *, timeout, backend, init_process_grou
         if show_output:
             _show_output(world_size, backend, paths)
         port_holder.close()
-        _remove_rank_files(workdir, paths, judged=judged is not None)
+        _remove_rank_files(workdir, paths, judged=judged is not None, held=held)
 
 
 def _validate(fn, world_size, timeout, args, kwargs, startup_timeout):

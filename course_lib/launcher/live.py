@@ -51,8 +51,9 @@ class _LiveView:
     holds only the ordered transcript printed afterwards.
     """
 
-    def __init__(self, enabled: bool, world_size: int):
+    def __init__(self, enabled: bool, world_size: int, show_lines: bool = True):
         self.handle = None
+        self.show_lines = show_lines  # False: a launch whose output is not shown shows only its time and bars
         self.bars_since = None
         self.world_size = world_size
         self.last = 0.0
@@ -71,7 +72,7 @@ class _LiveView:
             self._show_bars(progress)
             return
         lines = [f"running for {time.monotonic() - started:.0f} s ..."]
-        for rank, path in enumerate(out_paths):
+        for rank, path in enumerate(out_paths if self.show_lines else []):
             tail = _read_text(path).splitlines()[-2:]
             lines += [f"[rank {rank}] {line}" for line in tail]
         self.handle.update({"text/plain": "\n".join(lines)}, raw=True)
@@ -92,6 +93,43 @@ class _LiveView:
     def close(self):
         if self.handle is not None:
             self.handle.update({"text/plain": ""}, raw=True)
+
+
+class StatusLine:
+    """One line shown while something with no ranks of the launcher's own runs (torchrun agents, a
+    Slurm job, a training in the kernel), so a cell that waits tens of seconds is never silent; emptied
+    at the end like the launch's view, so the stored output holds only what the cell prints. Outside a
+    notebook it shows nothing. Introduced in chapter 04 (torchrun, Slurm); chapter 06 shows its epochs::
+
+        with StatusLine("training fp8") as status:
+            for epoch in range(10):
+                status.show(f"epoch {epoch + 1} of 10")   # at most twice a second
+    """
+
+    def __init__(self, what: str):
+        self.what, self.started, self.last, self.handle = what, time.monotonic(), 0.0, None
+        if _in_notebook_kernel():
+            from IPython.display import display
+
+            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
+
+    def show(self, state: str = "") -> None:
+        if self.handle is None or time.monotonic() - self.last < _LIVE_REFRESH_S:
+            return
+        self.last = time.monotonic()
+        detail = f": {state}" if state else ""
+        self.handle.update({"text/plain": f"{self.what}, {time.monotonic() - self.started:.0f} s{detail} ..."},
+                           raw=True)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+
+    def __enter__(self) -> "StatusLine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _progress_bars(progress) -> dict[str, str]:

@@ -11,8 +11,15 @@ import contextlib
 import os
 import select
 import shutil
+import stat
 import sys
+import tempfile
 import threading
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and no folder is ever taken for abandoned
+    fcntl = None
 
 # The files of one rank: what it prints, its error stream, its stack dumps, its progress.
 _RANK_FILE_KINDS = ("out", "err", "stack", "progress")
@@ -42,8 +49,53 @@ def _print_transcript(out_paths, err_paths, world_size) -> None:
         stream.flush()
 
 
-def _remove_rank_files(workdir: str, paths: dict, judged: bool) -> None:
+_FOLDER_PREFIX = "course_launch_"
+_IN_USE = ".in-use"  # locked (flock) by the process whose launch uses the folder, for as long as it runs
+
+
+def _launch_folder(judged: bool) -> tuple[str, object]:
+    """A new folder for one launch's rank files, and (but for a judged launch, whose judge has a temporary
+    folder of its own, removed with it) the open file whose lock marks the folder in use.
+
+    A launch removes its folder when it ends, but a kernel killed mid-launch cannot: so each launch
+    first removes this user's folders whose lock no process holds (the system releases a lock when
+    the process holding it ends, however it ends, in whatever namespace it ran)."""
+    if judged or fcntl is None:
+        return tempfile.mkdtemp(prefix=_FOLDER_PREFIX), None
+    _remove_abandoned_folders()
+    folder = tempfile.mkdtemp(prefix=_FOLDER_PREFIX)
+    held = open(os.path.join(folder, _IN_USE + ".new"), "wb")
+    fcntl.flock(held, fcntl.LOCK_EX)
+    os.rename(held.name, os.path.join(folder, _IN_USE))  # found by another launch only once locked
+    return folder, held
+
+
+def _remove_abandoned_folders() -> None:
+    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            if entry.name.startswith(_FOLDER_PREFIX) and _abandoned(entry.path):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _abandoned(folder: str) -> bool:
+    """This user's own folder (not a link), with a lock file that no process holds any more."""
+    try:
+        found = os.lstat(folder)
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+            return False
+        with open(os.path.join(folder, _IN_USE), "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
+            return True
+    except OSError:  # held (in use), gone, or not ours to open
+        return False
+
+
+def _remove_rank_files(workdir: str, paths: dict, judged: bool, held=None) -> None:
     """The launch's folder and its files, gone (a judged launch's whole folder: the learner's home too)."""
+    if held is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(workdir, _IN_USE))
+        held.close()
     for path in sum(paths.values(), []):
         for leftover in (path, path + ".tmp"):
             with contextlib.suppress(FileNotFoundError):
