@@ -271,6 +271,61 @@ def _kernel_idle(page) -> bool:
     return True
 
 
+def open_notebook(page, lab, name: str) -> None:
+    """Open ``name`` (a path under the lab's root) as the only tab, and wait until its kernel is idle:
+    cells run while it still says "Connecting" can be lost (a slow kernel start, e.g. on a loaded machine)."""
+    page.goto(lab.url(f"lab/tree/{name}") + "&reset")  # only this notebook open
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=120_000)
+    page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null"
+                           " || document.querySelector('.jp-KernelStatus') !== null", timeout=60_000)
+    page.wait_for_function("() => /\\|\\s*Idle/.test((document.querySelector('#jp-main-statusbar') || {}).textContent"
+                           " || '')", timeout=120_000)
+    time.sleep(1)
+
+
+def _code_cell(page, index: int):
+    return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell.jp-CodeCell").nth(index)
+
+
+def paste_into_cell(page, index: int, code: str) -> None:
+    """Replace code cell ``index``'s text with ``code`` as a learner pasting it does: select all in the
+    cell's editor, then a paste (typing would meet the editor's automatic brackets and indentation)."""
+    editor = _code_cell(page, index).locator(".cm-content")
+    editor.scroll_into_view_if_needed(timeout=30_000)
+    editor.click(timeout=30_000)
+    page.keyboard.press("Control+A")
+    editor.evaluate("""(node, text) => {
+      const data = new DataTransfer();
+      data.setData('text/plain', text);
+      node.dispatchEvent(new ClipboardEvent('paste', {clipboardData: data, bubbles: true, cancelable: true}));
+    }""", code)
+    shown = editor.inner_text(timeout=10_000)
+    if shown.split() != code.split():
+        raise AssertionError(f"code cell {index} shows {shown!r} after the paste, not the code pasted")
+
+
+def run_cell(page, index: int, timeout_s: float = 300) -> str:
+    """Run code cell ``index`` (Shift+Enter in its editor) and return the text of its outputs once
+    its prompt shows a number again and the kernel is idle."""
+    cell = _code_cell(page, index)
+    before = (cell.locator(".jp-InputPrompt").inner_text(timeout=10_000) or "").strip()
+    cell.locator(".cm-content").click(timeout=30_000)
+    page.keyboard.press("Shift+Enter")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        prompt = (cell.locator(".jp-InputPrompt").inner_text(timeout=10_000) or "").strip()
+        if re.fullmatch(r"\[\d+\]:", prompt) and prompt != before and _kernel_idle(page):
+            time.sleep(0.5)  # the last outputs can reach the page just after the prompt
+            return "\n".join(cell.locator(".jp-OutputArea-output").all_inner_texts())
+    raise AssertionError(f"code cell {index} did not finish within {timeout_s:.0f} s")
+
+
+def save_notebook(page, path: Path) -> bool:
+    """File > Save Notebook; True once ``path`` on disk has changed."""
+    return _save(page, path)
+
+
 def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: Path | None,
                  timeout_s: float = 600, explorer_wait_s: float = 90, compare_with: Path | None = None,
                  sanitize_file: Path | None = None, cell_timeout_s: float = 300) -> BrowserRun:
@@ -288,15 +343,7 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     """
     run = BrowserRun(name)
     started = time.monotonic()
-    page.goto(lab.url(f"lab/tree/{name}") + "&reset")  # only this notebook open
-    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=120_000)
-    page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null"
-                           " || document.querySelector('.jp-KernelStatus') !== null", timeout=60_000)
-    # Run All only once the kernel is connected and idle: cells run while it still says
-    # "Connecting" can be lost (a slow kernel start, e.g. on a loaded machine).
-    page.wait_for_function("() => /\\|\\s*Idle/.test((document.querySelector('#jp-main-statusbar') || {}).textContent"
-                           " || '')", timeout=120_000)
-    time.sleep(1)
+    open_notebook(page, lab, name)
     _wait_until_every_cell_is_rendered(page, run, stored.code_cells)
     if shots:
         page.screenshot(path=str(shots / f"{Path(name).stem}-top.png"))
