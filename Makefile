@@ -26,8 +26,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.course-installed
+UV := $(VENV)/bin/uv
+UV_VERSION := 0.13.9
 TORCH_INDEX_URL ?=
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout=300
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 NOTEBOOKS := notebooks solutions
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -64,9 +66,13 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	  echo "For PyTorch's CPU wheels (a few hundred MB), stop now (Ctrl-C), remove $(VENV) and run:"; \
 	  echo "  make $(or $(MAKECMDGOALS),setup) TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"; \
 	  if [ -t 0 ] && [ -t 1 ]; then echo "Going on with PyPI's torch in 20 s (Ctrl-C stops it)"; sleep 20; fi; fi
+	@# uv installs from the same lock as pip would, in a fraction of its time (scripts/bench_setup.py, every
+	@# wheel downloaded again, 2026-12-07 on the 2-core machine: pip 144 s, uv 26 s). uv reads its own
+	@# settings (UV_INDEX_URL, UV_NATIVE_TLS for a proxy's certificates), not pip's.
+	$(PY) -m pip install -q uv==$(UV_VERSION)
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
-	  $(PY) -m pip install -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
-	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[test,ft]"
+	  $(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
+	$(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock -e ".[test,ft]"
 	$(PY) -c "import torch, torchvision; print('torch', torch.__version__, '| torchvision', torchvision.__version__)"
 	@# nbgrader is here only for its notebook preprocessors (exercises, grading): keep its
 	@# course-management menus and server extensions out of the learners' JupyterLab.
@@ -90,7 +96,6 @@ lab: $(STAMP)
 
 # requirements.lock: every distribution of every extra, for every platform, from pyproject.toml and
 # constraints.txt. Existing pins stay; `make lock UPGRADE=--upgrade` moves them all to the newest.
-UV_VERSION := 0.13.9
 lock:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
@@ -155,7 +160,7 @@ test: $(STAMP)
 # The browser test's needs (tests/test_browser.py skips without them): Playwright from PyPI
 # and a Chromium; as root on Debian/Ubuntu this installs the distribution's chromium package.
 browser-deps: $(STAMP)
-	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[browser]"
+	$(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock -e ".[browser]"
 	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then echo "Chromium found"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
@@ -174,7 +179,7 @@ HUB_STAMP := $(VENV)/hub/.installed
 hub-deps: $(HUB_STAMP)
 
 $(HUB_STAMP): $(STAMP) pyproject.toml constraints.txt requirements.lock
-	$(PY) -m pip install -c constraints.txt -c requirements.lock -e ".[hub]"
+	$(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock -e ".[hub]"
 	npm install --prefix $(VENV)/hub --no-fund --no-audit --loglevel=error configurable-http-proxy@$(CHP_VERSION)
 	@touch $(HUB_STAMP)
 

@@ -343,3 +343,23 @@ def test_a_flake_hunt_stopped_by_kill_leaves_no_run_or_busy_loop_behind(tmp_path
     out, _ = hunt.communicate(timeout=30)
     assert hunt.returncode == 1 and "flake hunt stopped by signal 15" in out, out
     assert_the_hunt_left_nothing(int(sleeper.read_text()), hunt.pid, "the run's processes outlived the hunt")
+
+
+def test_the_setup_benchmark_times_what_make_setup_installs(tmp_path):
+    """scripts/bench_setup.py's two installs are `make setup`'s: the same lock, constraints, extras and the
+    uv the Makefile pins; `make -n setup` shows uv doing the install."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_setup", REPO / "scripts" / "bench_setup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    locked = ["-c", "constraints.txt", "-c", "requirements.lock", "-e", ".[test,ft]"]
+    for installer in ("pip", "uv"):
+        *_, install = bench.install_commands(installer, tmp_path / installer, "test,ft")
+        assert install[-len(locked):] == locked, install
+    pinned = re.search(r"^UV_VERSION := (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert bench.install_commands("uv", tmp_path, "")[0][-1] == f"uv=={pinned}"
+    recipe = subprocess.run(["make", "-n", "-B", "--no-print-directory", "setup"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60).stdout
+    assert re.search(r"\.venv/bin/uv pip install --python \.venv/bin/python -c constraints\.txt -c requirements\.lock "
+                     r"-e \"\.\[test,ft\]\"", recipe), recipe
