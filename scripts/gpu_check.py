@@ -263,7 +263,7 @@ def check_notebooks(jobs=1, log=None):
     except ImportError:  # a lent machine's own image, where nothing can be installed
         return check_notebooks_without_jupyter(log)
     command = [sys.executable, "-m", "pytest", "notebooks", "solutions", "--nbval-lax", "--nbval-current-env",
-               "--nbval-sanitize-with", "nbval_sanitize.cfg", "--nbval-cell-timeout=600", "-p", "no:randomly",
+               "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "--nbval-cell-timeout=600", "-p", "no:randomly",
                "-v" if log else "-q", "--durations=25"]
     if jobs > 1:  # a notebook's cells share one kernel, so a notebook stays on one worker
         command += ["-n", str(jobs), "--dist", "loadfile"]

@@ -8,7 +8,7 @@ view gone at the end; per-rank progress bars shown while training launches that 
 run, and gone at the end; widgets drawn as widgets; every explorer's slider moved by keyboard
 (and its Run button pressed) makes the kernel redraw the explorer.
 Screenshots of each notebook's top and end go to $COURSE_SCREENSHOTS (default
-browser-screenshots/, not committed).
+tests/browser-screenshots/, not committed).
 
 Needs Playwright and a Chromium (`make browser-deps`); without them the test is skipped with
 the reason, unless COURSE_REQUIRE_BROWSER=1 (CI), where it fails instead.
@@ -71,7 +71,7 @@ def lab(tmp_path_factory, page):
 
 @pytest.fixture(scope="module")
 def screenshots():
-    folder = Path(os.environ.get("COURSE_SCREENSHOTS", REPO / "browser-screenshots"))
+    folder = Path(os.environ.get("COURSE_SCREENSHOTS", REPO / "tests" / "browser-screenshots"))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -91,7 +91,7 @@ def test_lesson_runs_in_jupyterlab_as_stored(lab, screenshots, name):
     # workers: 952 s beside the class grading and two busy loops on 2 cores, 153 s alone).
     try:
         run = run_notebook(page, server, name, stored, screenshots, compare_with=REPO / "notebooks" / name,
-                           sanitize_file=REPO / "nbval_sanitize.cfg", timeout_s=1800)
+                           sanitize_file=REPO / "tests" / "nbval_sanitize.cfg", timeout_s=1800)
     finally:
         left = server.shut_down_kernels()  # the next lesson runs without this one's kernel beside it
     assert not left, f"kernels {left} still running 60 s after they were told to shut down"
@@ -136,7 +136,7 @@ def test_the_browser_check_catches_a_broken_notebook(tmp_path, page):
     committed = shutil.copy(tmp_path / name, tmp_path / "committed.ipynb")  # the lab saves over its own copy
     with JupyterLab(tmp_path) as server:
         run = run_notebook(page, server, name, stored, None, timeout_s=120, explorer_wait_s=10,
-                           compare_with=Path(committed), sanitize_file=REPO / "nbval_sanitize.cfg")
+                           compare_with=Path(committed), sanitize_file=REPO / "tests" / "nbval_sanitize.cfg")
     found = "\n".join(run.problems)
     assert "code cell 8 ended in an error, so Run All stopped there (1 code cells after it did not run)" in found, found
     assert "did not finish" not in found, found
@@ -194,7 +194,7 @@ def test_a_kernel_variant_runs_the_notebook_with_its_environment(tmp_path, page)
     with JupyterLab(tmp_path, kernel_variants=variants) as server:
         server.use_kernel("variant.ipynb", "spawn")
         run = run_notebook(page, server, "variant.ipynb", StoredFacts.of(Path(committed)), None, timeout_s=120,
-                           compare_with=Path(committed), sanitize_file=REPO / "nbval_sanitize.cfg")
+                           compare_with=Path(committed), sanitize_file=REPO / "tests" / "nbval_sanitize.cfg")
     assert not run.problems, "\n".join(run.problems)
 
 

@@ -167,7 +167,7 @@ def test_a_newcomers_first_hour(tmp_path, page):
         # 2. Chapter 00, Run All: every check passes, every output as stored.
         lesson = "notebooks/00_preflight.ipynb"
         run = run_notebook(page, lab, lesson, StoredFacts.of(REPO / lesson), None, timeout_s=900,
-                           compare_with=REPO / lesson, sanitize_file=REPO / "nbval_sanitize.cfg")
+                           compare_with=REPO / lesson, sanitize_file=REPO / "tests" / "nbval_sanitize.cfg")
         assert not run.problems, f"chapter 00 in the browser ({run.seconds:.0f} s):\n" + "\n".join(run.problems)
         seen.append(page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").inner_text(timeout=30_000))
         assert not lab.shut_down_kernels()

@@ -43,7 +43,7 @@ def test_function_defined_in_a_cell_runs_on_real_workers():
     assert live and all(o.data == {} for o in live)  # the live view holds nothing at the end
     # ... so nbval never counts live views: a cell that launched once more (a check measuring again on
     # a busy machine) compares equal to the stored one.
-    comparison = _StoredOutputComparison(REPO / "nbval_sanitize.cfg")
+    comparison = _StoredOutputComparison(REPO / "tests" / "nbval_sanitize.cfg")
     assert comparison.compare_outputs(coalesce_streams(outputs), coalesce_streams(live + outputs))
     assert not comparison.compare_outputs(coalesce_streams(outputs), coalesce_streams(outputs + outputs[-1:]))
 
