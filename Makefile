@@ -66,13 +66,14 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock jupyter/overrides.jso
 	  echo "For PyTorch's CPU wheels (a few hundred MB), stop now (Ctrl-C), remove $(VENV) and run:"; \
 	  echo "  make $(or $(MAKECMDGOALS),setup) TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"; \
 	  if [ -t 0 ] && [ -t 1 ]; then echo "Going on with PyPI's torch in 20 s (Ctrl-C stops it)"; sleep 20; fi; fi
-	@# uv installs from the same lock as pip would, in a fraction of its time (scripts/bench_setup.py, every
-	@# wheel downloaded again, 2026-12-07 on the 2-core machine: pip 144 s, uv 26 s). uv reads its own
-	@# settings (UV_INDEX_URL, UV_NATIVE_TLS for a proxy's certificates), not pip's.
+	@# uv installs from the same lock as pip would, in a third of its time (scripts/bench_setup.py, every
+	@# wheel downloaded again, 2026-12-07 on the 2-core machine: pip 140 s, uv 46 s). Like pip, it compiles
+	@# the bytecode as it installs: the ranks run with -B and would otherwise compile all of torch at each
+	@# start. uv reads its own settings (UV_INDEX_URL, UV_NATIVE_TLS for a proxy's certificates), not pip's.
 	$(PY) -m pip install -q uv==$(UV_VERSION)
 	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
-	  $(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
-	$(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock -e ".[test,ft]"
+	  $(UV) pip install --compile-bytecode --python $(PY) -c constraints.txt -c requirements.lock torch torchvision --index-url "$(TORCH_INDEX_URL)"; fi
+	$(UV) pip install --compile-bytecode --python $(PY) -c constraints.txt -c requirements.lock -e ".[test,ft]"
 	$(PY) -c "import torch, torchvision; print('torch', torch.__version__, '| torchvision', torchvision.__version__)"
 	@# nbgrader is here only for its notebook preprocessors (exercises, grading): keep its
 	@# course-management menus and server extensions out of the learners' JupyterLab.
@@ -160,7 +161,7 @@ test: $(STAMP)
 # The browser test's needs (tests/test_browser.py skips without them): Playwright from PyPI
 # and a Chromium; as root on Debian/Ubuntu this installs the distribution's chromium package.
 browser-deps: $(STAMP)
-	$(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock -e ".[browser]"
+	$(UV) pip install --compile-bytecode --python $(PY) -c constraints.txt -c requirements.lock -e ".[browser]"
 	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then echo "Chromium found"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
@@ -179,7 +180,7 @@ HUB_STAMP := $(VENV)/hub/.installed
 hub-deps: $(HUB_STAMP)
 
 $(HUB_STAMP): $(STAMP) pyproject.toml constraints.txt requirements.lock
-	$(UV) pip install --python $(PY) -c constraints.txt -c requirements.lock -e ".[hub]"
+	$(UV) pip install --compile-bytecode --python $(PY) -c constraints.txt -c requirements.lock -e ".[hub]"
 	npm install --prefix $(VENV)/hub --no-fund --no-audit --loglevel=error configurable-http-proxy@$(CHP_VERSION)
 	@touch $(HUB_STAMP)
 

@@ -40,7 +40,10 @@ def install_commands(installer: str, venv: Path, extras: str) -> list[list[str]]
     if installer == "pip":
         return [[python, "-m", "pip", "install", "-q", "--no-cache-dir", *locked]]
     return [[python, "-m", "pip", "install", "-q", "--no-cache-dir", f"uv=={uv_version()}"],
-            [str(venv / "bin" / "uv"), "pip", "install", "-q", "--no-cache", "--python", python, *locked]]
+            # compiled to bytecode at install, as pip does: a process that runs with -B (the launcher's ranks)
+            # would otherwise compile every module it imports, torch's included, each time it starts
+            [str(venv / "bin" / "uv"), "pip", "install", "-q", "--no-cache", "--compile-bytecode", "--python", python,
+             *locked]]
 
 
 def timed_setup(installer: str, folder: Path, extras: str) -> tuple[float, int]:

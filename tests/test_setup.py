@@ -361,5 +361,10 @@ def test_the_setup_benchmark_times_what_make_setup_installs(tmp_path):
     assert bench.install_commands("uv", tmp_path, "")[0][-1] == f"uv=={pinned}"
     recipe = subprocess.run(["make", "-n", "-B", "--no-print-directory", "setup"], cwd=REPO, capture_output=True,
                             text=True, timeout=60).stdout
-    assert re.search(r"\.venv/bin/uv pip install --python \.venv/bin/python -c constraints\.txt -c requirements\.lock "
-                     r"-e \"\.\[test,ft\]\"", recipe), recipe
+    # --compile-bytecode, as pip does: the launcher's ranks run with -B, and without .pyc files each would compile
+    # every module it imports (torch's thousands) each time it starts (seen: a whole CI run far slower)
+    installs = [line for line in recipe.splitlines() if "uv pip install" in line]
+    assert installs and all("--compile-bytecode" in line for line in installs), recipe
+    assert re.search(r"\.venv/bin/uv pip install --compile-bytecode --python \.venv/bin/python -c constraints\.txt "
+                     r"-c requirements\.lock -e \"\.\[test,ft\]\"", recipe), recipe
+    assert "--compile-bytecode" in bench.install_commands("uv", tmp_path, "")[-1]
