@@ -202,11 +202,18 @@ class _Inbox:
         proc = self.procs[rank]
         proc.join(1)
         reason = f"the worker process {_describe_exit(proc.exitcode)} before returning"
-        if proc.exitcode == -signal.SIGKILL and _rose(self.oom_kills_before, oom_kills()):
-            reason = (f"out of memory: {describe_limit()}, and the kernel's out-of-memory killer ended this rank "
-                      "(it was killed by SIGKILL). Use less memory per rank or fewer ranks, or shut down the kernels of "
-                      "notebooks you are not using (each holds memory, with its launch server)")
+        if proc.exitcode in (-signal.SIGKILL, _FORKSERVER_LOST) and _rose(self.oom_kills_before, oom_kills()):
+            whom = ("this rank (it was killed by SIGKILL)" if proc.exitcode == -signal.SIGKILL else
+                    "the launch server that started this rank, so its exit status was lost")
+            reason = (f"out of memory: {describe_limit()}, and the kernel's out-of-memory killer ended {whom}. Use "
+                      "less memory per rank or fewer ranks, or shut down the kernels of notebooks you are not using "
+                      "(each holds memory, with its launch server)")
         return WorkerError(rank, "ProcessDied", reason, "", self.world_size)
+
+
+# multiprocessing's forkserver reports this exit code for a rank whose status it could not read, which happens
+# when the forkserver (the launch server) was itself killed: out of memory, its killer may end the server in turn.
+_FORKSERVER_LOST = 255
 
 
 def _rose(before: int | None, now: int | None) -> bool:
