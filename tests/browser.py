@@ -321,11 +321,6 @@ def run_cell(page, index: int, timeout_s: float = 300) -> str:
     raise AssertionError(f"code cell {index} did not finish within {timeout_s:.0f} s")
 
 
-def save_notebook(page, path: Path) -> bool:
-    """File > Save Notebook; True once ``path`` on disk has changed."""
-    return _save(page, path)
-
-
 def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: Path | None,
                  timeout_s: float = 600, explorer_wait_s: float = 90, compare_with: Path | None = None,
                  sanitize_file: Path | None = None, cell_timeout_s: float = 300) -> BrowserRun:
@@ -385,7 +380,7 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     _inspect(run, cells, stored)
     if compare_with is not None:  # before the explorers are moved: outputs as Run All left them
         saved = lab.root / name
-        if _save(page, saved):
+        if save_notebook(page, saved):
             run.problems += output_differences(saved, compare_with, sanitize_file)
         else:
             run.problems.append("the notebook could not be saved from JupyterLab, so its outputs were not compared")
@@ -405,7 +400,7 @@ def run_notebook(page, lab: JupyterLab, name: str, stored: StoredFacts, shots: P
     return run
 
 
-def _save(page, path: Path, timeout_s: float = 60) -> bool:
+def save_notebook(page, path: Path, timeout_s: float = 60) -> bool:
     """File > Save Notebook, from JupyterLab's menu; True once the file on disk has changed."""
     before = path.stat().st_mtime_ns if path.exists() else 0
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click(timeout=30_000)
