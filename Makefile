@@ -193,7 +193,7 @@ unit: $(STAMP)
 # The inner loop while developing (CONTRIBUTING): the library's tests, chapter 01's lesson and solution
 # under nbval, and the grading of a small class of chapter 01 (tests/test_grading.py); without the
 # browser, the hub, Slurm, the sandbox's attacks and every chapter's class, which `make test` runs.
-QUICK_SKIP := test_browser test_chapter_exercises test_hub test_hub_door test_slurm test_sandbox \
+QUICK_SKIP := test_browser test_chapter_exercises test_hub test_hub_door test_slurm test_grading_slurm test_sandbox \
   test_notebook_kernel test_torchrun_claims test_setup test_learner_memory test_doc_commands
 test-quick: $(STAMP)
 	$(TEST_ENV) COURSE_CPUS=$(TEST_CPUS) $(PY) -m pytest tests $(foreach t,$(QUICK_SKIP),--ignore=tests/$(t).py) \
@@ -205,7 +205,7 @@ test-quick: $(STAMP)
 # outputs were made with requirements.lock's versions, so only errors and failed checks count; the
 # grading, browser, hub and Slurm tests stay with `make test`). Run both before each lock refresh.
 RANGE_TESTS := tests --ignore=tests/test_chapter_exercises.py --ignore=tests/test_browser.py \
-  --ignore=tests/test_hub.py --ignore=tests/test_slurm.py --ignore=tests/test_setup.py
+  --ignore=tests/test_hub.py --ignore=tests/test_slurm.py --ignore=tests/test_grading_slurm.py --ignore=tests/test_setup.py
 test-oldest:
 	$(MAKE) test-range RANGE=oldest RESOLUTION="--resolution lowest-direct"
 test-latest:

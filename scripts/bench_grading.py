@@ -1,7 +1,8 @@
 """How long grading a class takes: N submissions of one chapter, half solved, half untouched.
 
 Usage: .venv/bin/python scripts/bench_grading.py [--chapter 01_collectives] [--students 30] [--jobs N] [--max-batch 8]
-                                      [--compare sandbox|batching|revision] [--revision REF] [--rounds 2]
+                                      [--compare sandbox|batching|revision|slurm] [--revision REF] [--rounds 2]
+                                      [--slurm-tasks 2]
 
 Grades the same class twice, side by side, and prints both wall times, their ratio, and whether
 the scores were right (solved: full marks, untouched: 0):
@@ -13,6 +14,11 @@ the scores were right (solved: full marks, untouched: 0):
   worktree, run with the same Python environment) against this tree's, in turns (``--rounds`` of
   each, alternating, so both meet the same load); the median of each. The target for a change to the
   grader: at most 1.1x.
+* ``--compare slurm``: this machine with ``--jobs`` against a Slurm job array (``grade.py --slurm``) of
+  ``--slurm-tasks`` tasks sharing the same jobs, both with one secret, so that the two grades.csv
+  must be equal byte for byte (checked). Needs a Slurm cluster (``make slurm-up``); on the course's
+  one-machine cluster the nodes share this machine's cores, so the ratio shows the job array's own
+  cost, not a cluster's speed-up.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from course_lib.launcher import available_cpus  # noqa: E402
 
 
 def grade_class(folder: Path, handed_out: Path, jobs: int, max_batch: int, sandbox: bool = True,
-                tree: Path = REPO) -> tuple[float, int]:
+                tree: Path = REPO, extra: tuple[str, ...] = ()) -> tuple[float, int]:
     """Grade the class with the grader of ``tree``; return the wall time and how many students scored as expected."""
     for old in folder.glob("*/feedback.txt"):
         old.unlink()
@@ -43,7 +49,7 @@ def grade_class(folder: Path, handed_out: Path, jobs: int, max_batch: int, sandb
     started = time.monotonic()
     run = subprocess.run([sys.executable, str(tree / "scripts" / "grade.py"), str(folder), "--exercises",
                           str(handed_out), "--jobs", str(jobs), "--max-batch", str(max_batch),
-                          *([] if sandbox else ["--no-sandbox"])], capture_output=True, text=True, env=env)
+                          *([] if sandbox else ["--no-sandbox"]), *extra], capture_output=True, text=True, env=env)
     seconds = time.monotonic() - started
     if run.returncode != 0:
         raise SystemExit(run.stdout + run.stderr)
@@ -60,7 +66,8 @@ def main(argv):
     parser.add_argument("--students", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=available_cpus())
     parser.add_argument("--max-batch", type=int, default=8, help="submissions per judge kernel (grade.py's default)")
-    parser.add_argument("--compare", choices=["sandbox", "batching", "revision"], default="sandbox")
+    parser.add_argument("--compare", choices=["sandbox", "batching", "revision", "slurm"], default="sandbox")
+    parser.add_argument("--slurm-tasks", type=int, default=2, help="with --compare slurm: the job array's tasks")
     parser.add_argument("--revision", default="HEAD", help="with --compare revision: the commit to compare with")
     parser.add_argument("--rounds", type=int, default=2, help="with --compare revision: runs of each, alternating")
     options = parser.parse_args(argv)
@@ -77,6 +84,8 @@ def main(argv):
         shutil.copy(REPO / "exercises" / name, handed_out / name)
         if options.compare == "revision":
             return compare_revision(options, folder, handed_out)
+        if options.compare == "slurm":
+            return compare_slurm(options, folder, handed_out)
         if options.compare == "sandbox":  # side by side in one run: unconfined, then sandboxed
             plain, right_plain = grade_class(folder, handed_out, options.jobs, options.max_batch, sandbox=False)
             boxed, right_boxed = grade_class(folder, handed_out, options.jobs, options.max_batch)
@@ -101,6 +110,29 @@ def main(argv):
     print(f"  speed-up {alone / batched:.2f}x; target: 30 in at most 120 s on 2 cores: {thirty:.0f} s "
           f"({measured}), {'met' if thirty <= 120 else 'NOT met'}")
     return 0 if right_alone == right_batched == n else 1
+
+
+def compare_slurm(options, folder: Path, handed_out: Path) -> int:
+    """The class graded on this machine, then as a job array with the same jobs in all and the same secret."""
+    n, name, tasks = options.students, f"{options.chapter}.ipynb", max(1, options.slurm_tasks)
+    secret = folder.parent / "secret"
+    secret.write_text(os.urandom(16).hex() + "\n")
+    same = ("--secret-file", str(secret))
+    here, right_here = grade_class(folder, handed_out, options.jobs, options.max_batch, extra=same)
+    grades_here = (folder / "grades.csv").read_bytes()
+    per_task = max(1, options.jobs // tasks)
+    array, right_array = grade_class(folder, handed_out, per_task, options.max_batch,
+                                     extra=(*same, "--slurm", "--slurm-tasks", str(tasks)))
+    equal = (folder / "grades.csv").read_bytes() == grades_here
+    print(f"{n} submissions of {name}, {available_cpus()} cores, up to {options.max_batch} per judge, sandboxed:")
+    here_label, array_label = f"this machine, {options.jobs} jobs:", f"job array, {tasks} tasks x {per_task} jobs:"
+    width = max(len(here_label), len(array_label))
+    print(f"  {here_label:<{width}} {here:6.1f} s ({here / n:.2f} s per notebook), "
+          f"{right_here}/{n} scored as expected")
+    print(f"  {array_label:<{width}} {array:6.1f} s ({array / n:.2f} s per notebook), "
+          f"{right_array}/{n} scored as expected")
+    print(f"  the job array takes {array / here:.2f}x; grades.csv {'identical' if equal else 'DIFFERENT'}")
+    return 0 if right_here == right_array == n and equal else 1
 
 
 def compare_revision(options, folder: Path, handed_out: Path) -> int:

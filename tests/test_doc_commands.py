@@ -76,6 +76,8 @@ PROOFS = {
     '"$home/handed-in" "SUBMISSIONS/${home##*/"${HUB_USER_PREFIX:-jupyter-}"}"; fi; done':
         By("tests/test_hub.py", 'startswith(("mkdir SUBMISSIONS", "for home in"))'),
     ".venv/bin/python scripts/grade.py SUBMISSIONS": Here("test_grading_a_class_as_the_guide_says"),
+    ".venv/bin/python scripts/grade.py SUBMISSIONS --slurm": By(
+        "tests/test_grading_slurm.py", 'run_as_written(".venv/bin/python scripts/grade.py SUBMISSIONS --slurm"'),
     ".venv/bin/jupyter nbconvert --to html --sanitize-html --output-dir READ SUBMISSIONS/ada/01_collectives.ipynb":
         By("tests/test_reading_work.py", 'line.startswith(".venv/bin/jupyter nbconvert")'),
     "make exercises": Wraps("exercises", "scripts/make_exercises.py"),

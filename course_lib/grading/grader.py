@@ -4,6 +4,8 @@ The grader's command line (introduced with chapter 01's exercises), beside the j
 and the verdicts plugin it runs. Usage (``course-grade`` once the course is installed, or
 ``.venv/bin/python scripts/grade.py``):
     course-grade SUBMISSIONS [--jobs N] [--cell-timeout S] [--setup-timeout S] [--solutions DIR] [--exercises DIR]
+    course-grade SUBMISSIONS --slurm [--slurm-tasks N] [--sbatch-option OPTION ...]   (a job array: on_slurm.py)
+    course-grade --slurm-resume RUN_FOLDER
 
 Layout: ``SUBMISSIONS/<student>/<name>.ipynb``, where ``<name>.ipynb`` is the file name of an
 exercise notebook in exercises/. Writes ``SUBMISSIONS/grades.csv`` and
@@ -57,6 +59,7 @@ import os
 import re
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,6 +68,7 @@ from pathlib import Path
 
 from ..confine.cgroups import cgroup_roots, cpu_sharing
 from ..launcher import available_cpus
+from . import on_slurm
 from .exercises import stale_files
 # Some names below are not used here: the tests and scripts import them from this module.
 from .merging import (  # noqa: F401
@@ -146,12 +150,13 @@ def plan_batches(pending: dict[str, list], references: dict[str, Reference], job
 # --------------------------------------------------------------------------
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
+    parser.add_argument("submissions", type=Path, nargs="?", help="folder with one sub-folder per student")
     parser.add_argument("--solutions", type=Path, default=REPO / "solutions", help="reference notebooks")
     parser.add_argument("--exercises", type=Path, default=REPO / "exercises",
                         help="the exercise notebooks handed out (their names are what is graded)")
-    parser.add_argument("--jobs", "-j", type=int, default=available_cpus(),
-                        help="notebooks graded at once (default: the number of CPU cores)")
+    parser.add_argument("--jobs", "-j", type=int, default=None,
+                        help="notebooks graded at once (default: the number of CPU cores; with --slurm, by each "
+                             "task, which asks Slurm for as many cores: default 2)")
     parser.add_argument("--max-batch", type=int, default=8,
                         help="submissions of one exercise graded in turn by one judge kernel (default 8; 1: a "
                              "kernel for each)")
@@ -164,6 +169,18 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--csv", type=Path, default=None, help="where to write the table (default SUBMISSIONS/grades.csv)")
     parser.add_argument("--keep-work", type=Path, default=None,
                         help="keep the merged notebooks and pytest logs here (they contain hidden tests)")
+    parser.add_argument("--secret-file", type=Path, default=None,
+                        help="grade with the hidden cases of the secret in this file (16 characters or more; keep it "
+                             "from the students): the same class then gets the same grades again")
+    slurm = parser.add_argument_group("a class on a Slurm cluster (course_lib/grading/on_slurm.py)")
+    slurm.add_argument("--slurm", action="store_true",
+                       help="grade as a Slurm job array: each task grades a share of the students on a node")
+    slurm.add_argument("--slurm-tasks", type=int, default=None,
+                       help="the number of tasks (default: one per 10 students)")
+    slurm.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
+                       help="an option for sbatch, as one word (--sbatch-option=--partition=teaching); repeatable")
+    slurm.add_argument("--slurm-resume", type=Path, default=None, metavar="RUN_FOLDER",
+                       help="wait for an interrupted --slurm run, retry its failed tasks once and write its grades")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run the submissions' code unconfined (only to check your own notebook quickly): every "
                              "line of the table and of grades.csv then says 'not sandboxed'")
@@ -179,16 +196,37 @@ def parse_options(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.
     place), a link's own path kept (absolute, not resolved: --csv naming a link replaces the link,
     never its target); the CSV in SUBMISSIONS unless --csv says where."""
     options = parser.parse_args(argv)
+    if options.slurm_resume is not None:
+        if options.submissions is not None or options.slurm:
+            parser.error("--slurm-resume takes the run's folder alone: its options are those of the run it resumes")
+        return options
+    if (options.slurm_tasks is not None or options.sbatch_option) and not options.slurm:
+        parser.error("--slurm-tasks and --sbatch-option go with --slurm (grading as a Slurm job array)")
+    if options.submissions is None:
+        parser.error("name the folder of submissions: course-grade SUBMISSIONS")
     for name in PATH_OPTIONS:
         if getattr(options, name) is not None:
             setattr(options, name, getattr(options, name).absolute())
     options.csv = options.csv or options.submissions / "grades.csv"
     options.run_id = secrets.token_hex(4)
-    options.jobs = max(1, options.jobs)
+    options.jobs = max(1, options.jobs or (2 if options.slurm else available_cpus()))
+    options.slurm_tasks = max(1, options.slurm_tasks) if options.slurm_tasks else None
     options.max_batch = max(1, options.max_batch)
     options.setup_timeout = max(options.setup_timeout, options.cell_timeout)
-    options.secret = secrets.token_hex(16)  # this run's hidden cases: known to no submission
+    options.secret = secret_from(parser, options.secret_file) if options.secret_file else secrets.token_hex(16)
     return options
+
+
+def secret_from(parser: argparse.ArgumentParser, path: Path) -> str:
+    """The secret in ``path`` (this run's hidden cases, and the key that seals the judge's records)."""
+    try:
+        secret = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        parser.error(f"--secret-file {path} cannot be read ({getattr(exc, 'strerror', None) or exc})")
+    if len(secret) < 16 or not secret.isprintable() or " " in secret:
+        parser.error(f"--secret-file {path} must hold one word of 16 characters or more (make one with: "
+                     "python3 -c 'import secrets; print(secrets.token_hex(16))')")
+    return secret
 
 
 def one_at_a_time_unless_cpu_is_shared(options: argparse.Namespace) -> None:
@@ -331,12 +369,14 @@ def main(argv: list[str]) -> int:
             stream.reconfigure(errors="backslashreplace")
     parser = argument_parser()
     options = parse_options(parser, argv)
+    if options.slurm_resume is not None:
+        return resume_on_slurm(parser, options.slurm_resume.absolute())
     if not options.submissions.is_dir():
         parser.error(f"{options.submissions} is not a folder")
     problem = csv_destination_problem(options.csv)
     if problem:
         parser.error(problem)
-    if not options.no_sandbox:
+    if not options.no_sandbox and not options.slurm:  # on Slurm, each task checks its own node
         problem = sandbox_problem()
         if problem:
             print(f"grade.py: cannot grade: {problem}", file=sys.stderr)
@@ -349,22 +389,62 @@ def main(argv: list[str]) -> int:
         options.work_root = str(options.keep_work)
     else:
         options.work_root = None
+    started = time.monotonic()
+    if options.slurm:
+        options.slurm_tasks = options.slurm_tasks or math.ceil(len(students) / 10)
+        tasks = min(options.slurm_tasks, len(students))
+        print(f"grading {len(students)} students x {len(names)} notebooks as a Slurm job array of "
+              f"{tasks} task{'s' * (tasks != 1)}, {options.jobs} jobs each (cell timeout "
+              f"{options.cell_timeout:g} s, setup {options.setup_timeout:g} s, up to {options.max_batch} submissions "
+              f"per judge, {'NOT SANDBOXED' if options.no_sandbox else 'each submission in a sandbox'})", flush=True)
+        try:
+            finished = on_slurm.grade_on_slurm(options, students, names, maxima)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            print(f"grade.py: cannot grade on Slurm: {exc}", file=sys.stderr)
+            return 2
+        if finished is None:
+            return 130
+        return write_results(options, students, names, finished[1], maxima, started, finished[0])
     print(f"grading {len(students)} students x {len(names)} notebooks with {options.jobs} jobs "
           f"(cell timeout {options.cell_timeout:g} s, setup {options.setup_timeout:g} s, up to {options.max_batch} submissions per judge, "
           f"{'NOT SANDBOXED' if options.no_sandbox else 'each submission in a sandbox'})", flush=True)
-    started = time.monotonic()
     table = grade_class(students, names, references, options)
     if table is None:
         return 130
+    return write_results(options, students, names, table, maxima, started)
+
+
+def write_results(options, students: list[str], names: list[str], table: dict, maxima: dict, started: float,
+                  slurm_run: Path | None = None) -> int:
+    """Each student's feedback, grades.csv and the table: the same, from one machine or a Slurm run."""
     write_feedback(options.submissions, students, names, table)
     csv_path = save_grades(options.csv, students, names, table, maxima, options.run_id)
     print()
     print_table(students, names, table, maxima)
     if csv_path != options.csv:
         return 1
+    if slurm_run is not None:  # written: its secret and the tasks' results are no longer needed
+        on_slurm.remove_run(slurm_run)
     print(f"\nwrote {csv_path} and {FEEDBACK_FILE} in each student's folder "
           f"({time.monotonic() - started:.1f} s)")
     return 0
+
+
+def resume_on_slurm(parser: argparse.ArgumentParser, run: Path) -> int:
+    """--slurm-resume: wait for the run's jobs, retry what failed (once in all), write the grades."""
+    if not on_slurm.is_run_folder(run):
+        parser.error(f"{run} is not the folder of a --slurm run (SUBMISSIONS/{on_slurm.RUN_PREFIX}<id>, as "
+                     "course-grade --slurm printed it)")
+    plan = on_slurm.read_plan(run)
+    options = on_slurm.plan_options(plan)
+    started = time.monotonic()
+    print(f"resuming {run}: {len(plan['students'])} students in {len(plan['shares'])} shares", flush=True)
+    try:
+        _, table = on_slurm.finish_run(run, options.jobs, plan["options"]["sbatch_option"])
+    except KeyboardInterrupt:
+        on_slurm.say_how_to_resume(run)
+        return 130
+    return write_results(options, plan["students"], plan["names"], table, plan["maxima"], started, run)
 
 
 def cli() -> None:
