@@ -7,11 +7,13 @@ tests below read its table, feedback files and process list.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -591,3 +593,47 @@ def test_every_cell_that_crashes_the_judge_is_set_aside_and_the_rest_of_the_batc
     assert sorted(result.replaced) == sorted(crashing)
     assert all(result.outcomes[n].status == "passed" for n in range(9) if n not in crashing)
     assert len(runs) == len(crashing) + 1
+
+
+def test_an_interrupted_grading_stops_its_judges_and_leaves_nothing(tmp_path):
+    """Ctrl-C while judges run: grade.py stops them, starts no other (a killed judge is not a crash to
+    run again), waits for its batches to remove their work folders, writes nothing, and exits 130."""
+    from test_nothing_left_behind import kept
+
+    folder, exercises, temporary = tmp_path / "class", tmp_path / "exercises", Path(tempfile.mkdtemp())
+    try:
+        make_class_of_two(folder, exercises)
+        proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "grade.py"), str(folder), "--solutions",
+                                 str(FIXTURES), "--exercises", str(exercises), "--jobs", "2", "--max-batch", "1"],
+                                env=dict(os.environ, TMPDIR=str(temporary)), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline, family = time.monotonic() + 120, []
+        while not any("ipykernel" in " ".join(p.cmdline()) for p in family) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            with contextlib.suppress(psutil.Error):
+                family = psutil.Process(proc.pid).children(recursive=True)
+        assert family, "no judge's kernel started within 120 s"
+        time.sleep(1)                      # the judges at work
+        family = [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        reruns = set()        # a batch runs its notebook again (run1, ...) after its judge crashed: never here
+        while proc.poll() is None:
+            reruns |= {p.name for p in temporary.glob("*/run[1-9]*")}
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=120)
+        assert not reruns, f"judges ran again after the interrupt: {sorted(reruns)}"
+        assert proc.returncode == 130 and "interrupted: nothing written" in err, out + err
+        assert not (folder / "grades.csv").exists() and not list(folder.glob("*/feedback.txt"))
+        assert kept(temporary) == [], f"grade.py left {kept(temporary)} in its TMPDIR"
+        assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+
+
+def make_class_of_two(folder: Path, exercises: Path) -> None:
+    exercises.mkdir()
+    for name in (COLLECTIVES, BASICS):
+        nbformat.write(exercise(name), exercises / name)
+    for student in ("alice", "bob"):
+        write(folder, student, COLLECTIVES, answered(COLLECTIVES, CORRECT))
+        write(folder, student, BASICS, answered(BASICS, CORRECT))

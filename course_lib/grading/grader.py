@@ -335,6 +335,8 @@ def grade_class(students: list[str], names: list[str], references: dict[str, Ref
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)
         kill_running()
+        # The batches under way end now that their judges are gone, each removing its own work folders.
+        pool.shutdown(wait=True)
         remove_leftovers(options.run_id)
         print("interrupted: nothing written", file=sys.stderr)
         return None

@@ -32,6 +32,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -171,6 +172,9 @@ def run_task(run: Path, share: int) -> int:
     from .grader import grade_class, one_at_a_time_unless_cpu_is_shared  # the grader imports this module
     from .sandbox import sandbox_problem
 
+    # scancel, or a time limit, sends SIGTERM: end as an interrupt does, the judges stopped and their
+    # sandboxes removed, rather than leave them on the node.
+    signal.signal(signal.SIGTERM, _interrupt)
     plan = read_plan(run)
     options = plan_options(plan)
     # Its own run id: two tasks on one node must not remove each other's sandboxes when they end.
@@ -190,6 +194,10 @@ def run_task(run: Path, share: int) -> int:
         return 130
     write_private(run / f"task-{share}.json", json.dumps([asdict(result) for result in table.values()]))
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 # --------------------------------------------------------------------------

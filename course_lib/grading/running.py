@@ -32,9 +32,15 @@ from . import proof
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-# Every pytest process now running, so that an interrupted grade.py can stop them all.
+# Every pytest process now running, so that an interrupted grade.py can stop them all; once it is
+# stopping, no new one starts (a batch would otherwise run its notebook again, as after a crash).
 _running: set[subprocess.Popen] = set()
 _running_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+class GradingStopped(RuntimeError):
+    """grade.py is stopping (interrupted): no judge starts any more."""
 
 
 def kill_tree(proc: subprocess.Popen, known: dict[int, psutil.Process]) -> None:
@@ -54,8 +60,9 @@ def kill_tree(proc: subprocess.Popen, known: dict[int, psutil.Process]) -> None:
 
 
 def kill_running() -> None:
-    """Stop every pytest run now in progress, and the processes each started."""
+    """Stop every pytest run now in progress, and the processes each started; start none after."""
     with _running_lock:
+        _stopping.set()
         for proc in list(_running):
             kill_tree(proc, {})
 
@@ -71,12 +78,16 @@ def run_pytest(command: list[str], cwd: Path, env: dict, log_path: Path, time_li
     reader = threading.Thread(target=lambda: lines.extend(os.fdopen(read_end, encoding="utf-8", errors="replace")),
                               daemon=True)
     reader.start()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, cwd=cwd, env=dict(env, COURSE_VERDICT_FD=str(write_end)), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                pass_fds=(write_end,))
-    os.close(write_end)
-    with _running_lock:
+    with _running_lock:  # started and known at once: kill_running misses no run, and starts none after it
+        try:
+            if _stopping.is_set():
+                raise GradingStopped("grading was interrupted: this notebook is not run")
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(command, cwd=cwd, env=dict(env, COURSE_VERDICT_FD=str(write_end)),
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, pass_fds=(write_end,))
+        finally:
+            os.close(write_end)  # the reader then ends too
         _running.add(proc)
     finished = False
     try:
@@ -232,6 +243,8 @@ def run_merged(merged: nbformat.NotebookNode, workdir: Path, options, own_cells:
     # any number of them: however many cells crash the judge, every other cell of the batch still runs.
     last_attempt = code_count
     for attempt in range(last_attempt + 1):
+        if _stopping.is_set():  # interrupted: a judge killed by kill_running is not a crash to run again
+            raise GradingStopped("grading was interrupted: this notebook is not run")
         rundir = workdir / f"run{attempt}"
         rundir.mkdir()
         nb_path, sources = write_attempt(merged, replaced, rundir, options.secret)
