@@ -271,13 +271,19 @@ def test_a_notebooks_memory_measured(tmp_path):
     assert (course / "README.md").read_text() == readme
 
 
-def test_grading_a_class_as_the_guide_says(tmp_path):
-    """docs/grading.md's command in a scratch course with a class of one, whose chapter 01 exercise is
-    handed in untouched: graded, nothing earned, and a feedback file that says why."""
+def course_with_a_class_of_one(tmp_path: Path) -> Path:
+    """A scratch course whose SUBMISSIONS hold ada's chapter 01 exercise, handed in untouched."""
     course = scratch_course(tmp_path, "course_lib", "scripts/grade.py", "solutions/01_collectives.ipynb",
                             "exercises/01_collectives.ipynb", "jupyter")
     (course / "SUBMISSIONS" / "ada").mkdir(parents=True)
     shutil.copy(REPO / "exercises" / "01_collectives.ipynb", course / "SUBMISSIONS" / "ada")
+    return course
+
+
+def test_grading_a_class_as_the_guide_says(tmp_path):
+    """docs/grading.md's command in a scratch course with a class of one, whose chapter 01 exercise is
+    handed in untouched: graded, nothing earned, and a feedback file that says why."""
+    course = course_with_a_class_of_one(tmp_path)
     run = run_as_written(".venv/bin/python scripts/grade.py SUBMISSIONS", course, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     grades = (course / "SUBMISSIONS" / "grades.csv").read_text().splitlines()

@@ -154,12 +154,9 @@ def test_bad_input_is_refused_with_what_to_do(tmp_path):
 def test_the_guides_command_grades_a_real_chapter_on_slurm(cluster, tmp_path):
     """docs/instructors.md's command as written, in a scratch course, on a class of one whose chapter 01
     exercise is handed in untouched: graded on a node, nothing earned, and feedback that says why."""
-    from test_doc_commands import run_as_written, scratch_course
+    from test_doc_commands import course_with_a_class_of_one, run_as_written
 
-    course = scratch_course(tmp_path, "course_lib", "scripts/grade.py", "solutions/01_collectives.ipynb",
-                            "exercises/01_collectives.ipynb", "jupyter")
-    (course / "SUBMISSIONS" / "ada").mkdir(parents=True)
-    shutil.copy(REPO / "exercises" / "01_collectives.ipynb", course / "SUBMISSIONS" / "ada")
+    course = course_with_a_class_of_one(tmp_path)
     run = run_as_written(".venv/bin/python scripts/grade.py SUBMISSIONS --slurm", course, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "as a Slurm job array of 1 task" in run.stdout and "submitted job" in run.stdout

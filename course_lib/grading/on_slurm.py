@@ -48,7 +48,6 @@ POLL_S = 2.0
 # The options a task takes from the instructor's command line (paths as absolute strings).
 TASK_OPTIONS = ("submissions", "solutions", "exercises", "csv", "keep_work", "jobs", "max_batch", "cell_timeout",
                 "setup_timeout", "no_sandbox", "run_id", "sbatch_option")
-PATH_OPTIONS = ("submissions", "solutions", "exercises", "csv", "keep_work")
 
 
 # --------------------------------------------------------------------------
@@ -64,9 +63,10 @@ def write_plan(options, students: list[str], names: list[str], maxima: dict[str,
     """The run folder, with the plan and the secret, readable by the instructor alone."""
     run = options.submissions / f"{RUN_PREFIX}{options.run_id}"
     run.mkdir(mode=0o700)
-    saved = {name: (str(value) if name in PATH_OPTIONS and value is not None else value)
-             for name, value in vars(options).items() if name in TASK_OPTIONS}
-    plan = {"options": saved, "students": students, "names": names, "maxima": maxima,
+    saved = {name: value for name, value in vars(options).items() if name in TASK_OPTIONS}
+    paths = [name for name, value in saved.items() if isinstance(value, Path)]
+    saved |= {name: str(saved[name]) for name in paths}
+    plan = {"options": saved, "paths": paths, "students": students, "names": names, "maxima": maxima,
             "shares": shares_of(students, options.slurm_tasks)}
     write_private(run / PLAN, json.dumps(plan, indent=1))  # ensure_ascii: any student name survives
     write_private(run / SECRET, options.secret + "\n")
@@ -90,9 +90,8 @@ def read_plan(run: Path) -> dict:
 
 def plan_options(plan: dict) -> argparse.Namespace:
     options = argparse.Namespace(**plan["options"])
-    for name in PATH_OPTIONS:
-        if getattr(options, name) is not None:
-            setattr(options, name, Path(getattr(options, name)))
+    for name in plan["paths"]:
+        setattr(options, name, Path(getattr(options, name)))
     options.work_root = str(options.keep_work) if options.keep_work else None
     return options
 
@@ -261,8 +260,8 @@ def finish_run(run: Path, cpus: int, sbatch_options: list[str]):
     plan = read_plan(run)
     shares = len(plan["shares"])
     wait_for(run, read_jobs(run), shares)
-    again = [share for share in range(shares) if share not in finished_shares(run, shares)
-             and read_attempts(run).get(str(share), 0) < 2]
+    finished, attempts = set(finished_shares(run, shares)), read_attempts(run)
+    again = [share for share in range(shares) if share not in finished and attempts.get(str(share), 0) < 2]
     if again:
         job = submit_shares(run, again, cpus, sbatch_options)
         print(f"share(s) {', '.join(map(str, again))} left no results ({last_words(run, again[0])}): "
