@@ -261,6 +261,9 @@ def place_gradients_like_parameters(parts) -> None:
 class ParallelGPT:
     """This rank's part of the GPT on a ("dp", "pp", "tp") mesh, with its optimizer and schedule.
 
+    On a ("dp_replicate", "dp_shard", "pp", "tp") mesh, FSDP2 runs as HSDP: each parameter sharded
+    over dp_shard and its shards replicated over dp_replicate, as in chapter 11's HSDP (exercise 3).
+
     Chapter 11's composition (stage split, tensor parallelism, FSDP2, pipeline schedule), packaged
     for the exercises. ``loss_fn(logits, targets)`` gets full logits, or with ``vocab_parallel=True``
     this rank's vocabulary shard of them (a plain tensor) and must return the mean loss over the
@@ -272,8 +275,13 @@ class ParallelGPT:
                  schedule: str = "Schedule1F1B", stages_per_rank: int = 1, lr: float = 1e-2,
                  loss_fn=cross_entropy, vocab_parallel: bool = False):
         self.mesh, self.loss_fn = mesh, loss_fn
-        self.dp, self.pp, self.tp = (mesh[a].size() for a in ("dp", "pp", "tp"))
-        self.dp_rank, pp_rank = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
+        hsdp = "dp_replicate" in mesh.mesh_dim_names
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if hsdp else mesh["dp"]
+        self.dp, self.pp, self.tp = dp_mesh.size(), mesh["pp"].size(), mesh["tp"].size()
+        self.dp_rank = 0                                        # this rank's place among all dp ranks: its rows
+        for size, index in zip(dp_mesh.shape, dp_mesh.get_coordinate()):
+            self.dp_rank = self.dp_rank * size + index
+        pp_rank = mesh["pp"].get_local_rank()
         n_stages = self.pp * stages_per_rank
         self.stage_ids = [pp_rank + k * self.pp for k in range(stages_per_rank)]
         full = make_gpt(config, seed)
@@ -283,7 +291,7 @@ class ParallelGPT:
             if self.tp > 1:
                 tensor_parallelize(part, mesh["tp"], vocab_parallel)
             if self.dp > 1:
-                fsdp_shard(part, mesh["dp"])
+                fsdp_shard(part, dp_mesh)
             self.parts.append(part)
         self.optimizer = torch.optim.Adam([p for part in self.parts for p in part.parameters()], lr=lr)
         self.first = self.last = True
@@ -306,8 +314,15 @@ class ParallelGPT:
     def train_step(self, x, y):
         """One optimizer step on the global batch (x, y); returns this dp slice's mean loss on ranks
         that hold the last stage, None elsewhere."""
-        x, y = self.my_slice(x, y)
         self.optimizer.zero_grad()
+        loss = self.forward_backward(x, y)
+        self.optimizer.step()
+        return loss
+
+    def forward_backward(self, x, y):
+        """Forward and backward of the global batch (x, y), each gradient placed like its parameter,
+        no step; returns what ``train_step`` returns."""
+        x, y = self.my_slice(x, y)
         loss = None
         if hasattr(self, "schedule"):
             losses = []
@@ -319,7 +334,6 @@ class ParallelGPT:
             loss.backward()
             loss = loss.detach()
         place_gradients_like_parameters(self.parts)
-        self.optimizer.step()
         return None if loss is None else loss.item()
 
 

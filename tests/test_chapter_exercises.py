@@ -334,9 +334,12 @@ STOPPED_BY = {
     # m = pp, or every micro-batch in flight at every stage (GPipe's count): (2, 2, 1, 4) is ruled out (its
     # shape with 2 micro-batches is over the budget; GPipe counts all 4), so both fall back to a slower layout,
     # and the measured (2, 2, 1, 4) fits.
-    ("11_putting_it_together", "wrong3_m_equals_pp_dist_nn_all_reduce"): [
+    ("11_putting_it_together", "wrong3_m_equals_pp_dist_nn_all_reduce_norm_over_all_ranks"): [
         "(2, 2, 1, 4), measured on 4 ranks: fits (472320 bytes at its fullest rank) and the cost model gives it "
         "0.0212 ms a step, against 0.0236 ms for yours, (4, 1, 1, 1)",
+        # exercise 3: every rank's squares all-reduced over the world
+        "(dp_replicate, dp_shard, pp, tp) = (2, 1, 1, 2), rank 0 at (0, 0, 0, 0): the norm vs one process's",
+        "your answer matches everything summed over all ranks, every copy counted",
     ],
     ("11_putting_it_together", "wrong6_gpipe_in_flight"): [
         "(2, 2, 1, 4), measured on 4 ranks: fits (472320 bytes at its fullest rank) and the cost model gives it "
@@ -350,11 +353,17 @@ STOPPED_BY = {
     # Right in the visible case; each is stopped by the hidden case drawn, whatever the grading run's secret, to
     # make that mistake return a layout over the budget: the head left out of the only stage (pp = 1), the
     # norms divided by tp.
-    ("11_putting_it_together", "wrong1_no_head_local_log_softmax"): [
+    ("11_putting_it_together", "wrong1_no_head_local_log_softmax_norm_over_tp"): [
         "FAILED hidden case 1 of 11 (the head decides)", "), over the budget",
+        # exercise 3: every square summed over tp, the pieces whole on tp among them
+        "your answer matches everything summed over tp: the pieces whole on every tp rank (the norms', for one) "
+        "counted tp times",
     ],
-    ("11_putting_it_together", "wrong2_norms_over_tp_detached_sum"): [
+    ("11_putting_it_together", "wrong2_norms_over_tp_detached_sum_norm_of_one_stage"): [
         "FAILED hidden case 2 of 11 (the replicated norms decide)", "), over the budget",
+        # exercise 3: no all-reduce over pp
+        "(dp_replicate, dp_shard, pp, tp) = (1, 2, 2, 1), rank 0 at (0, 0, 0, 0)",
+        "your answer matches one stage's norm: pp left out",
     ],
     # Right in the visible case, and each over-counts: the model states not divided by dp, the embeddings whole
     # on every tp rank. Stopped by a hidden case (the one drawn for that mistake, or an earlier one) where a
