@@ -80,7 +80,9 @@ def training_batch(step: int, batch_size: int, context: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed * 100_003 + step)
     starts = torch.randint(0, len(data) - context - 1, (batch_size,), generator=g)
     windows = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
-    return windows[:, :-1], windows[:, 1:]
+    # Contiguous copies, not views of `windows` (strides of context + 1): torch 2.11's pipeline stages
+    # check a first stage's input strides against the contiguous ones its shape inference recorded.
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ def _routes():
 
     group = dist.group.WORLD
     t = torch.ones(N)
-    return {
+    routes = {
         "dist.all_reduce": lambda: dist.all_reduce(t),
         "alias": lambda: d.all_reduce(t),
         "renamed import": lambda: renamed(t),
@@ -36,6 +36,9 @@ def _routes():
         "subgroup": lambda: dist.all_reduce(t, group=dist.new_group(list(range(dist.get_world_size())))),
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(N // dist.get_world_size()), t),
     }
+    if not hasattr(dist.ReduceOp, "boxed"):  # torch 2.11's ReduceOp cannot be handed to the op from Python
+        del routes["torch.ops.c10d.allreduce_"]
+    return routes
 
 
 def _audit_every_route():
@@ -89,6 +92,8 @@ ROUTES = ["dist.all_reduce", "alias", "renamed import", "distributed_c10d", "asy
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_route_to_all_reduce_is_caught(route_audits, route):
+    if route not in route_audits[0]:
+        pytest.skip(f"{route}: this torch's ReduceOp has no boxed(), so Python cannot call the op directly")
     for audits in route_audits:
         audit = audits[route]
         assert audit.collectives() == ["all_reduce"], (route, audit.summary())
